@@ -1,0 +1,54 @@
+# Autograd & the Mathematics of Distributed Training: the two commands.
+#   make lab    install (first run only) and open the course in JupyterLab
+#   make test   install (first run only) and run the whole test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+TORCH_VERSION := 2.13.0
+# torch is pinned and installed first, as a CPU build by default. On Linux the CPU build comes
+# from PyTorch's own wheel index (the default Linux wheel is the multi-GB CUDA build); macOS
+# wheels are CPU builds already. For a CUDA build: make clean-venv && make install TORCH_VARIANT=cu128
+TORCH_VARIANT ?= cpu
+ifeq ($(shell uname -s),Darwin)
+TORCH_SPEC := torch==$(TORCH_VERSION)
+TORCH_INDEX_ARGS :=
+else
+TORCH_SPEC := torch==$(TORCH_VERSION)+$(TORCH_VARIANT)
+TORCH_INDEX_ARGS := --extra-index-url https://download.pytorch.org/whl/$(TORCH_VARIANT)
+endif
+PORT ?= 8888
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install lab test lint bench grade release clean-venv
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt requirements.lock lib/pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, found " + sys.version' 
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	@# A wheel that pip's own configuration already provides (a local wheel folder) is used
+	@# without going online; otherwise the pinned build comes from the index above.
+	$(PY) -m pip install --quiet --no-index --no-deps "$(TORCH_SPEC)" 2>/dev/null \
+	  || $(PY) -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX_ARGS)
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" -r requirements.txt -c requirements.lock -e lib
+	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader" 
+	touch $@
+
+lab: install
+	$(BIN)/jupyter lab --port=$(PORT) course/00_start.ipynb
+
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(BIN)/ruff check lib tests benchmarks
+	$(BIN)/ruff format --check lib tests benchmarks
+
+bench: install
+	$(PY) -m benchmarks.run --out BENCHMARKS.md
+
+clean-venv:
+	rm -rf $(VENV)

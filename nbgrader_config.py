@@ -1,0 +1,36 @@
+"""nbgrader configuration of the course (read by every nbgrader command and by JupyterLab's
+nbgrader extensions; start them from this folder)."""
+
+import os
+
+c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
+
+COURSE_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+c.CourseDirectory.course_id = "autograd-distributed"
+c.CourseDirectory.root = COURSE_ROOT
+# Files under source/<assignment>/ that must not reach the students.
+c.CourseDirectory.ignore = [
+    ".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".pytest_cache",
+]
+
+# The exchange: a folder on this machine by default (one-machine set-up, see the README);
+# a multi-user deployment points NBGRADER_EXCHANGE at a shared folder such as /srv/nbgrader/exchange.
+c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", os.path.join(COURSE_ROOT, "exchange"))
+c.Exchange.path_includes_course = True
+
+# Student versions: what a removed solution is replaced with.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# Grading: every cell gets a time limit and is interrupted when it runs over.
+c.Execute.timeout = 60
+c.Execute.interrupt_on_timeout = True
+c.Execute.startup_timeout = 120
+
+# A submission that prints without end cannot flood the gradebook or the feedback.
+c.LimitOutput.max_lines = 200
+c.LimitOutput.max_traceback = 60
+
+# Test cells a student edited are restored from the gradebook; deleted ones are added back.
+c.OverwriteCells.add_missing_cells = True
