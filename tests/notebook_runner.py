@@ -1,0 +1,74 @@
+"""Run a lesson notebook headless, the way a student's "Run All" would, and read values back.
+
+``execute(path, fetch=["table", "weights"])`` executes every cell in a fresh kernel started in
+the notebook's folder, fails on the first error output, then evaluates each name in ``fetch``
+in that kernel and returns the values (anything JSON can carry; numpy arrays become lists).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parents[1]
+
+_FETCH_PREFIX = "__chainrule_fetch__="
+
+_FETCH_CODE = """
+import json as _json
+def _to_jsonable(value):
+    import numpy as _np
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(v) for v in value]
+    if isinstance(value, (_np.floating, _np.integer)):
+        return value.item()
+    return value
+print(%r + _json.dumps({name: _to_jsonable(eval(name)) for name in %r}))
+"""
+
+
+def error_outputs(nb: nbformat.NotebookNode) -> list[str]:
+    """Every error output of an executed notebook, as 'cell N: Name: message'."""
+    errors = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                errors.append(f"cell {index}: {output['ename']}: {output['evalue']}")
+    return errors
+
+
+def execute(
+    path: str | Path, fetch: list[str] | tuple[str, ...] = (), timeout: int = 120
+) -> tuple[nbformat.NotebookNode, dict[str, Any]]:
+    """Execute the notebook at ``path``; return it with outputs and the fetched values."""
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    if fetch:
+        code = _FETCH_CODE % (_FETCH_PREFIX, list(fetch))
+        nb.cells.append(nbformat.v4.new_code_cell(code))
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONHASHSEED="0")
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    client.execute(env=env)
+    values: dict[str, Any] = {}
+    if fetch:
+        for output in nb.cells[-1].get("outputs", []):
+            text = output.get("text", "")
+            if output.get("output_type") == "stream" and _FETCH_PREFIX in text:
+                line = next(x for x in text.splitlines() if x.startswith(_FETCH_PREFIX))
+                values = json.loads(line[len(_FETCH_PREFIX) :])
+        nb.cells.pop()
+    return nb, values
