@@ -1,0 +1,10 @@
+"""Computations behind the lessons' interactive widgets, with thin ipywidgets views on top.
+
+Each module holds plain, tested functions that compute what a widget shows, and one
+``build_*_widget`` function that wraps them in ipywidgets controls. Import the module you
+need directly, e.g. ``from chainrule.widgets.chain_cost import build_chain_cost_widget``;
+this package imports nothing, so the modules stay independent of each other.
+
+- :mod:`.chain_cost`: the two association orders of the Jacobian chain (lesson 1).
+- :mod:`.averaging`: averaging shard gradients versus the full batch (lesson 3).
+"""
