@@ -21,6 +21,8 @@ endif
 PORT ?= 8888
 export PATH := $(abspath $(BIN)):$(PATH)
 
+ASSIGNMENT ?= check_yourself
+
 .PHONY: install lab test lint bench grade release clean-venv
 
 install: $(VENV)/.installed
@@ -34,7 +36,11 @@ $(VENV)/.installed: requirements.txt requirements.lock lib/pyproject.toml
 	$(PY) -m pip install --quiet --no-index --no-deps "$(TORCH_SPEC)" 2>/dev/null \
 	  || $(PY) -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_INDEX_ARGS)
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" -r requirements.txt -c requirements.lock -e lib
-	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader" 
+	@# Every kernel of this environment explains a NameError after a kernel restart.
+	mkdir -p $(VENV)/etc/ipython
+	echo 'c.InteractiveShellApp.extensions = ["chainrule.notebook"]' > $(VENV)/etc/ipython/ipython_kernel_config.py
+	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader"
+	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager"
 	touch $@
 
 lab: install
@@ -49,6 +55,12 @@ lint: install
 
 bench: install
 	$(PY) -m benchmarks.run --out BENCHMARKS.md
+
+release: install
+	$(BIN)/nbgrader generate_assignment $(ASSIGNMENT) --force
+
+grade: install
+	$(PY) -m chainrule.grading batch $(ASSIGNMENT) $(GRADE_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
