@@ -100,8 +100,9 @@ def gradcheck(
 ) -> bool:
     """Whether backward's gradient of the scalar ``f`` matches central differences.
 
-    ``f`` receives Tensors in both passes. Passes when ``|analytic - numerical| ≤ atol + rtol·|numerical|`` everywhere; otherwise
-    raises an AssertionError naming the input, the element, both values and the max error.
+    ``f`` receives Tensors in both passes. Passes when
+    ``|analytic - numerical| ≤ atol + rtol·|numerical|`` everywhere; otherwise raises an
+    AssertionError naming the input, the element, both values and the max error.
     """
     analytic = analytic_gradient(f, inputs)
     numeric = numerical_gradient(f, [Tensor(_float64(x)) for x in _as_list(inputs)], eps=eps)
