@@ -1,0 +1,303 @@
+"""The exercise assertions: they pass on right answers and name the mistake behind wrong ones."""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import types
+
+import numpy as np
+import pytest
+from chainrule import exercise_feedback as fb
+from chainrule.tensor import Tensor
+
+RNG = np.random.default_rng(7)
+
+
+def failure(check, *args, **kwargs) -> str:
+    """The message of the AssertionError that ``check(*args, **kwargs)`` must raise."""
+    with pytest.raises(AssertionError) as caught:
+        check(*args, **kwargs)
+    return str(caught.value)
+
+
+# -- expect_close and its diagnoses ------------------------------------------------------------
+
+
+def test_close_values_pass_in_every_container():
+    expected = RNG.standard_normal((2, 3))
+    fb.expect_close(expected + 1e-13, expected, "gradient")
+    fb.expect_close(Tensor(expected), expected, "gradient")
+    fb.expect_close(expected.tolist(), Tensor(expected), "gradient")
+    fb.expect_close([Tensor(row) for row in expected], expected, "gradient")
+
+
+def test_a_failure_says_what_was_expected_and_received():
+    message = failure(fb.expect_close, np.array([1.0, 2.0]), np.array([1.0, 2.5]), "the mean")
+    assert message.startswith("the mean: expected [1. , 2.5] (shape (2,)), received [1., 2.]")
+    assert "Likely mistake" not in message  # nothing recognisable about an unrelated value
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 8])
+def test_a_sum_over_ranks_is_named(ranks):
+    expected = RNG.standard_normal(5)
+    message = failure(fb.expect_close, ranks * expected, expected, "x.grad", ranks=ranks)
+    assert f"received P = {ranks} times the expected value" in message
+    assert "split it" in message
+
+
+def test_an_extra_division_by_the_world_size_is_named():
+    expected = RNG.standard_normal(4)
+    message = failure(fb.expect_close, expected / 4, expected, "x.grad", ranks=4)
+    assert "received 1/P = 1/4 of the expected value" in message
+
+
+def test_a_ratio_of_p_is_not_claimed_without_ranks():
+    expected = RNG.standard_normal(4)
+    message = failure(fb.expect_close, 2 * expected, expected, "x.grad")
+    assert "P =" not in message
+    assert "received 2 times the expected value everywhere" in message
+
+
+def test_a_wrong_sign_is_named():
+    expected = RNG.standard_normal((3, 2))
+    message = failure(fb.expect_close, -expected, expected, "w.grad", ranks=2)
+    assert "wrong sign" in message
+
+
+def test_the_plain_mean_of_means_is_named_with_the_token_weights():
+    tokens = [900, 300]
+    local_means = [RNG.standard_normal(3), RNG.standard_normal(3)]
+    weighted = (900 * local_means[0] + 300 * local_means[1]) / 1200
+    plain = (local_means[0] + local_means[1]) / 2
+    message = failure(
+        fb.expect_close,
+        plain,
+        weighted,
+        "the reduced gradient",
+        tokens=tokens,
+        local_means=local_means,
+    )
+    assert "plain mean of the local means" in message
+    assert "rank 0: 1/1800 instead of 1/1200" in message
+    assert "rank 1: 1/600 instead of 1/1200" in message
+
+
+def test_equal_token_counts_make_the_plain_mean_right():
+    local_means = [RNG.standard_normal(3), RNG.standard_normal(3)]
+    plain = (local_means[0] + local_means[1]) / 2
+    fb.expect_close(plain, plain.copy(), "mean", tokens=[5, 5], local_means=local_means)
+
+
+def test_a_missing_division_by_the_token_count_is_named():
+    tokens = [7, 2, 3]
+    local_means = [RNG.standard_normal(2) for _ in tokens]
+    weighted_sum = sum(t * m for t, m in zip(tokens, local_means, strict=True))
+    expected = weighted_sum / sum(tokens)
+    message = failure(
+        fb.expect_close, weighted_sum, expected, "g", tokens=tokens, local_means=local_means
+    )
+    assert "divide it by the global token count ΣT = 12" in message
+    message = failure(fb.expect_close, weighted_sum, expected, "g", tokens=tokens)
+    assert "received ΣT = 12 times the expected value" in message
+
+
+def test_a_transposed_result_is_named():
+    expected = RNG.standard_normal((2, 3))
+    message = failure(fb.expect_close, expected.T, expected, "W.grad")
+    assert "transposed" in message
+    assert "expected shape (2, 3)" in message
+
+
+def test_the_whole_tensor_instead_of_a_slice_is_named():
+    expected = RNG.standard_normal((2, 3))
+    whole = np.concatenate([expected, expected, expected], axis=1)
+    message = failure(fb.expect_close, whole, expected, "x.grad", ranks=3)
+    assert "whole gathered tensor instead of this rank's slice" in message
+    assert "along axis 1" in message
+    message = failure(fb.expect_close, expected, whole, "y", ranks=3)
+    assert "one rank's slice where the whole" in message
+
+
+def test_a_scalar_instead_of_an_array_is_named():
+    message = failure(fb.expect_close, 3.0, np.ones(4), "grad")
+    assert "single number where shape (4,) was expected" in message
+
+
+def test_a_mistake_named_by_the_test_is_recognised():
+    expected = RNG.standard_normal(3)
+    summed = 5 * expected + 1
+    message = failure(
+        fb.expect_close, summed, expected, "g", mistakes={"adding the bias twice": summed}
+    )
+    assert "Likely mistake: received what adding the bias twice gives." in message
+
+
+def test_none_zeros_and_nan_are_named():
+    expected = np.ones(3)
+    assert "without `return`" in failure(fb.expect_close, None, expected, "f(x)")
+    assert "no gradient flowed" in failure(fb.expect_close, np.zeros(3), expected, "x.grad")
+    assert "NaN or infinity" in failure(fb.expect_close, [1.0, np.nan, 1.0], expected, "g")
+
+
+def test_diagnose_returns_nothing_for_an_unrelated_value():
+    expected = RNG.standard_normal(6)
+    assert fb.diagnose(RNG.standard_normal(6), expected, ranks=2, tokens=[1, 2]) == []
+
+
+def test_torch_tensors_are_accepted():
+    torch = pytest.importorskip("torch")
+    expected = np.arange(3.0)
+    fb.expect_close(torch.arange(3.0), expected, "t")
+    message = failure(fb.expect_close, 2 * torch.arange(3.0), expected, "t", ranks=2)
+    assert "P = 2 times" in message
+
+
+# -- exact values and choices ------------------------------------------------------------------
+
+
+def test_expect_equal_and_expect_choice():
+    fb.expect_equal(True, True, "agrees")
+    message = failure(fb.expect_equal, False, True, "agrees", hint="look at batch statistics")
+    assert message == "agrees: expected True, received False.\nlook at batch statistics"
+    fb.expect_choice("B", {"A": 1, "B": 2}, "STEP")
+    assert "must be one of 'A', 'B'; received 'Z'" in failure(
+        fb.expect_choice, "Z", {"A": 1, "B": 2}, "STEP"
+    )
+    failure(fb.expect_choice, 1, {"A": 1}, "STEP")
+
+
+# -- the student's own code --------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_library(monkeypatch):
+    """A module ``fakelib.duality`` with a 'library solution' function and autograd-like class."""
+    library = types.ModuleType("fakelib.duality")
+    exec(
+        "def gather(x):\n    return x\n\nclass Base:\n    pass\n",
+        library.__dict__,
+    )
+    package = types.ModuleType("fakelib")
+    package.duality = library
+    monkeypatch.setitem(sys.modules, "fakelib", package)
+    monkeypatch.setitem(sys.modules, "fakelib.duality", library)
+    return library
+
+
+def notebook_cell(source: str, namespace: dict | None = None, name: str = "cell") -> dict:
+    """Run ``source`` the way a notebook cell runs: in ``__main__``, its source findable."""
+    filename = f"<notebook-{name}-{abs(hash(source))}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = {"__name__": "__main__"} if namespace is None else namespace
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace
+
+
+def test_a_function_written_in_the_notebook_passes(fake_library):
+    cell = notebook_cell("import numpy as np\ndef mine(x):\n    return np.asarray(x) * 2\n")
+    fb.expect_own_function(cell["mine"], "mine", library=("fakelib",))
+
+
+def test_an_imported_library_function_fails(fake_library):
+    message = failure(fb.expect_own_function, fake_library.gather, "mine", library=("fakelib",))
+    assert "fakelib.duality.gather" in message
+    assert "write your own" in message
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from fakelib.duality import gather\ndef mine(x):\n    return gather(x)\n",
+        "import fakelib.duality as duality\ndef mine(x):\n    return duality.gather(x)\n",
+        "import fakelib\ndef mine(x):\n    return fakelib.duality.gather(x)\n",
+        "import fakelib.duality as d\ndef mine(x):\n    def inner(y):\n        return d.gather(y)\n"
+        "    return inner(x)\n",
+    ],
+)
+def test_a_notebook_function_that_calls_the_library_fails(fake_library, source):
+    cell = notebook_cell(source)
+    message = failure(fb.expect_own_function, cell["mine"], "mine", library=("fakelib",))
+    assert "calls the library's solution" in message
+
+
+def test_a_non_function_fails(fake_library):
+    import functools
+
+    partial = functools.partial(fake_library.gather)
+    assert "defined with `def`" in failure(fb.expect_own_function, partial, "mine", ("fakelib",))
+
+
+def test_own_vjp_is_recognised_on_the_graph(fake_library):
+    cell = notebook_cell(
+        "from chainrule.tensor import Tensor\n"
+        "def double(x):\n"
+        "    def vjp(g):\n"
+        "        return (2 * g,)\n"
+        "    return Tensor.from_op(2 * x.data, (x,), vjp, 'double')\n"
+    )
+    x = Tensor(np.ones(3), requires_grad=True)
+    fb.expect_own_vjp(cell["double"](x) * 3.0, "double(x)", library=("fakelib",))
+
+    library_cell = notebook_cell(
+        "from chainrule.tensor import Tensor\n"
+        "def double(x):\n"
+        "    def vjp(g):\n"
+        "        return (2 * g,)\n"
+        "    return Tensor.from_op(2 * x.data, (x,), vjp, 'double')\n",
+        namespace={"__name__": "fakelib.duality"},
+    )
+    message = failure(fb.expect_own_vjp, library_cell["double"](x), "y", library=("fakelib",))
+    assert "built from the library's differentiable collectives (fakelib.duality)" in message
+    message = failure(fb.expect_own_vjp, x * 2.0, "y", library=("fakelib",))
+    assert "no backward of your own" in message
+
+
+AUTOGRAD_CELL = """
+import torch
+
+class Copy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+"""
+
+
+def test_own_autograd_function_passes_and_borrowed_ones_fail(fake_library):
+    torch = pytest.importorskip("torch")
+    own = notebook_cell(AUTOGRAD_CELL, name="own")["Copy"]
+    fb.expect_own_autograd_function(own, "Copy", library=("fakelib",))
+
+    library_class = notebook_cell(AUTOGRAD_CELL, {"__name__": "fakelib.duality"}, "lib")["Copy"]
+    message = failure(fb.expect_own_autograd_function, library_class, "Copy", ("fakelib",))
+    assert "define the class yourself" in message
+
+    subclass = notebook_cell(
+        "class Copy(Base):\n    pass\n", {"__name__": "__main__", "Base": library_class}, "sub"
+    )["Copy"]
+    message = failure(fb.expect_own_autograd_function, subclass, "Copy", ("fakelib",))
+    assert "must subclass torch.autograd.Function directly" in message
+
+    half = notebook_cell(
+        "import torch\nclass Copy(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, x):\n        return x\n",
+        name="half",
+    )["Copy"]
+    message = failure(fb.expect_own_autograd_function, half, "Copy", ("fakelib",))
+    assert "Copy.backward must be written in Copy itself" in message
+
+    calling = notebook_cell(
+        AUTOGRAD_CELL.replace("return grad", "return fakelib.duality.gather(grad)")
+        + "import fakelib\n",
+        name="calling",
+    )["Copy"]
+    message = failure(fb.expect_own_autograd_function, calling, "Copy", ("fakelib",))
+    assert "Copy.backward calls the library's solution" in message
+
+    assert "must be a class" in failure(
+        fb.expect_own_autograd_function, torch.nn.functional.relu, "Copy", ("fakelib",)
+    )
