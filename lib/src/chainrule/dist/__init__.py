@@ -1,0 +1,56 @@
+"""Collectives with one API on a simulated world of P ranks or on torch.distributed.
+
+>>> from chainrule import dist
+>>> def step(x):
+...     return dist.all_reduce(x * (dist.rank() + 1))
+>>> dist.run(step, 4, args=(1.0,))          # four ranks, one thread each
+[array(10.), array(10.), array(10.), array(10.)]
+
+The same function runs unchanged with ``backend="gloo"`` (one process per rank, CPU),
+``backend="nccl"`` (one GPU per rank) and under torchrun after :func:`init_from_env`.
+"""
+
+from chainrule.dist.api import (
+    BACKENDS,
+    ReduceOp,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    available_backends,
+    barrier,
+    broadcast,
+    in_world,
+    is_available,
+    rank,
+    reduce_scatter,
+    run,
+    scatter,
+    world_size,
+)
+from chainrule.dist.errors import CollectiveError, NoWorldError, RankError
+from chainrule.dist.simulated import SimulatedWorld
+from chainrule.dist.trace import CollectiveEvent, Trace
+
+__all__ = [
+    "BACKENDS",
+    "CollectiveError",
+    "CollectiveEvent",
+    "NoWorldError",
+    "RankError",
+    "ReduceOp",
+    "SimulatedWorld",
+    "Trace",
+    "all_gather",
+    "all_reduce",
+    "all_to_all",
+    "available_backends",
+    "barrier",
+    "broadcast",
+    "in_world",
+    "is_available",
+    "rank",
+    "reduce_scatter",
+    "run",
+    "scatter",
+    "world_size",
+]

@@ -1,0 +1,677 @@
+"""A simulated world of P ranks: one thread per rank, collectives as rendezvous in memory.
+
+The SPMD function really runs P times, once in each rank's thread, and every collective is a
+meeting point: the k-th collective of every rank (its sequence number k) waits until all P
+ranks have called their k-th collective. The last rank to arrive checks that the calls agree
+(same collective, arguments, shapes, dtypes), computes every rank's result and wakes the
+others, each of which leaves with its own array.
+
+Determinism. By default a reduction is computed once, in rank order
+``((x_0 ⊕ x_1) ⊕ x_2) ⊕ ...``, and every rank receives a bitwise-identical copy, so replicas
+that start equal stay equal. With ``deterministic=False`` rank r reduces in its own ring
+order ``x_r ⊕ x_{r+1} ⊕ ... ⊕ x_{r−1}``. Floating-point addition is not associative, so for
+P ≥ 3 the ranks' sums differ in the last bits, and replicas drift apart over many steps.
+
+Failures end the run quickly and name the ranks: collectives that differ between ranks,
+mismatched shapes or dtypes, a rank that returned while others wait for it, a rank whose
+collective partners never arrive within ``timeout`` seconds, and exceptions (re-raised as
+:class:`~chainrule.dist.errors.RankError`). After any failure the waiting ranks are released
+with a :class:`~chainrule.dist.errors.CollectiveError` inside their collective, and
+:meth:`SimulatedWorld.run` joins every thread before it raises.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from chainrule.dist import api
+from chainrule.dist.api import ReduceOp, Restore
+from chainrule.dist.errors import CollectiveError, RankError
+from chainrule.dist.trace import CollectiveEvent, Trace
+
+DEFAULT_TIMEOUT = 5.0
+"""Seconds a rank waits in a collective for the others before the run fails."""
+
+JOIN_GRACE = 0.5
+"""Seconds a failed run waits for ranks still in their own code, before interrupting them
+(and then again for the interrupted ones)."""
+
+BLOCK_ELEMENTS = 32768
+"""Elements per block of a reduction: the partial result of a block stays in the L2 cache
+while every rank's block is added to it and it is copied out to every rank."""
+
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.MAX: np.maximum}
+
+
+class _Aborted(CollectiveError):
+    """Raised inside a rank's collective once the run has failed (not the failure itself)."""
+
+
+class _Interrupted(CollectiveError):
+    """Injected into a rank thread still running its own code after the run failed."""
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """ "rank 2" or "ranks 0, 1, 3"."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def _group(values: Sequence[Any]) -> list[tuple[Any, list[int]]]:
+    """Ranks grouped by value, the largest group first (ties: lowest rank first)."""
+    groups: dict[Any, list[int]] = {}
+    for r, value in enumerate(values):
+        groups.setdefault(value, []).append(r)
+    return sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
+
+
+class _Call:
+    """One rank's side of a collective: its name, arguments and data."""
+
+    __slots__ = ("op", "params", "array", "restore")
+
+    def __init__(self, op: str, params: tuple, array: np.ndarray | None, restore: Restore) -> None:
+        self.op = op
+        self.params = params
+        self.array = array
+        self.restore = restore
+
+
+class _Round:
+    """The k-th collective of the run, while the ranks meet in it."""
+
+    __slots__ = ("seq", "calls", "arrived", "started", "done", "results", "taken")
+
+    def __init__(self, seq: int, world_size: int) -> None:
+        self.seq = seq
+        self.calls: list[_Call | None] = [None] * world_size
+        self.arrived = 0
+        self.started = time.monotonic()
+        self.done = False
+        self.results: list[Any] = [None] * world_size
+        self.taken = 0
+
+    def name(self) -> str:
+        call = next(c for c in self.calls if c is not None)
+        return f"{call.op} #{self.seq}"
+
+    def waiting(self) -> list[int]:
+        return [r for r, c in enumerate(self.calls) if c is not None]
+
+
+class SimulatedWorld:
+    """P ranks in one process (one thread each) whose collectives meet in memory.
+
+    ``timeout``: seconds a collective waits for the missing ranks (default
+    :data:`DEFAULT_TIMEOUT`). ``deterministic``: see the module docstring. ``trace``: a
+    :class:`~chainrule.dist.trace.Trace` that receives one event per collective, the default
+    of every :meth:`run`. A world can run several SPMD functions, one after the other.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        timeout: float | None = None,
+        deterministic: bool = True,
+        trace: Trace | None = None,
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = int(world_size)
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+        self.deterministic = bool(deterministic)
+        self.trace = trace
+        self._running = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
+        self._reset(trace)
+
+    def _reset(self, trace: Trace | None) -> None:
+        P = self.world_size
+        self._active_trace = trace
+        self._next_seq = [0] * P
+        self._rounds: dict[int, _Round] = {}
+        self._returned: dict[int, int] = {}  # rank -> number of collectives it made
+        self._failure: str | None = None  # the first thing that went wrong, as a message
+        self._failed_rank: int | None = None  # the rank whose exception failed the run
+        self._errors: dict[int, tuple[BaseException, str]] = {}
+        self._results: list[Any] = [None] * P
+        self._finished = 0  # ranks whose function has returned or raised
+
+    def __repr__(self) -> str:
+        return (
+            f"SimulatedWorld(world_size={self.world_size}, timeout={self.timeout}, "
+            f"deterministic={self.deterministic})"
+        )
+
+    # -- running an SPMD function -----------------------------------------------------------
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        trace: Trace | None = None,
+    ) -> list:
+        """``fn(*args, **kwargs)`` once per rank, in P threads; the results in rank order."""
+        if not self._running.acquire(blocking=False):
+            raise RuntimeError("this SimulatedWorld is already running an SPMD function")
+        try:
+            self._reset(trace if trace is not None else self.trace)
+            kwargs = kwargs or {}
+            threads = [
+                threading.Thread(
+                    target=self._rank_main,
+                    args=(r, fn, args, kwargs),
+                    name=f"chainrule-sim-rank-{r}",
+                    daemon=True,
+                )
+                for r in range(self.world_size)
+            ]
+            for thread in threads:
+                thread.start()
+            try:
+                with self._cond:
+                    while self._finished < self.world_size and self._failure is None:
+                        self._cond.wait()
+            except BaseException:  # KeyboardInterrupt while waiting: stop every rank
+                self._fail("the run was interrupted")
+                self._stop(threads)
+                raise
+            self._stop(threads)
+            if self._failure is not None:
+                error = self._error()
+                stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+                if stuck:
+                    error.add_note(
+                        f"{_ranks(stuck)} could not be interrupted (blocked outside Python, "
+                        "e.g. in time.sleep); the thread ends when that call returns"
+                    )
+                raise error from None
+            return self._results
+        finally:
+            self._running.release()
+
+    def _rank_main(
+        self, rank: int, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
+    ) -> None:
+        api.set_thread_backend(_SimRank(self, rank))
+        try:
+            self._results[rank] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every exception goes back to the caller
+            self._rank_raised(rank, exc)
+        else:
+            self._rank_returned(rank)
+        finally:
+            api.set_thread_backend(None)
+
+    def _rank_raised(self, rank: int, exc: BaseException) -> None:
+        with self._cond:
+            self._finished += 1
+            self._cond.notify_all()
+            if isinstance(exc, _Aborted | _Interrupted):
+                return  # released because the run had already failed
+            tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            self._errors[rank] = (exc, text)
+            if self._failure is None:
+                self._failed_rank = rank
+                self._fail_locked(f"rank {rank} raised {type(exc).__name__}: {exc}")
+
+    def _rank_returned(self, rank: int) -> None:
+        with self._cond:
+            self._finished += 1
+            self._cond.notify_all()
+            made = self._next_seq[rank]
+            self._returned[rank] = made
+            for rnd in self._rounds.values():
+                if not rnd.done and rnd.calls[rank] is None:
+                    self._fail_locked(self._left_early(rnd, rank))
+                    return
+
+    def _left_early(self, rnd: _Round, rank: int) -> str:
+        waiting = rnd.waiting()
+        verb = "is" if len(waiting) == 1 else "are"
+        return (
+            f"{_ranks(waiting)} {verb} waiting in {rnd.name()} but rank {rank} has already "
+            f"returned (after {self._returned[rank]} collectives): every rank must call the "
+            "same collectives in the same order"
+        )
+
+    def _fail(self, message: str) -> None:
+        with self._cond:
+            self._fail_locked(message)
+
+    def _fail_locked(self, message: str) -> None:
+        if self._failure is None:
+            self._failure = message
+        self._cond.notify_all()
+
+    def _error(self) -> Exception:
+        if self._failed_rank is not None and self._errors:
+            first = min(self._errors)  # the lowest rank that raised on its own
+            exc, text = self._errors[first]
+            error: Exception = RankError(first, type(exc).__name__, str(exc), text)
+            error.original = exc  # type: ignore[attr-defined]
+            others = sorted(set(self._errors) - {first})
+            if others:
+                error.add_note(f"{_ranks(others)} also raised")
+            return error
+        return CollectiveError(self._failure)
+
+    def _stop(self, threads: list[threading.Thread]) -> None:
+        """Join every rank thread; interrupt those still running their own code."""
+        if self._failure is None:
+            for thread in threads:
+                thread.join()
+            return
+        deadline = time.monotonic() + JOIN_GRACE
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t for t in threads if t.is_alive()]
+        for thread in alive:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(_Interrupted)
+            )
+        deadline = time.monotonic() + JOIN_GRACE
+        for thread in alive:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # -- the rendezvous ---------------------------------------------------------------------
+
+    def collective(
+        self,
+        rank: int,
+        op: str,
+        params: tuple,
+        array: np.ndarray | None,
+        restore: Restore,
+    ) -> tuple[Any, Restore]:
+        """Meet the other ranks in ``op``; this rank's result and the restorer that built it.
+
+        The result comes from :data:`_COMPUTE` [op], run once by the last rank to arrive.
+        """
+        cond = self._cond
+        with cond:
+            if self._failure is not None:
+                raise _Aborted(self._failure)
+            seq = self._next_seq[rank]
+            self._next_seq[rank] = seq + 1
+            rnd = self._rounds.get(seq)
+            if rnd is None:
+                rnd = self._rounds[seq] = _Round(seq, self.world_size)
+            rnd.calls[rank] = _Call(op, params, array, restore)
+            rnd.arrived += 1
+            gone = [r for r, made in self._returned.items() if made <= seq]
+            if gone:
+                self._fail_locked(self._left_early(rnd, gone[0]))
+                raise _Aborted(self._failure)
+            if rnd.arrived < self.world_size:
+                deadline = rnd.started + self.timeout
+                while not rnd.done:
+                    if self._failure is not None:
+                        raise _Aborted(self._failure)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        self._fail_locked(self._timed_out(rnd))
+                        raise _Aborted(self._failure)
+                    cond.wait(remaining)
+                return self._take(rnd, rank)
+        # The last to arrive: check the calls and compute every rank's result, unlocked.
+        calls: list[_Call] = rnd.calls  # type: ignore[assignment]
+        try:
+            results, event = _compute(calls, seq, self.deterministic)
+        except CollectiveError as exc:
+            self._fail(str(exc))
+            raise _Aborted(str(exc)) from None
+        except Exception as exc:
+            self._fail(f"{rnd.name()} failed: {type(exc).__name__}: {exc}")
+            raise
+        with cond:
+            if self._active_trace is not None:
+                self._active_trace.record(event)
+            rnd.results = results
+            rnd.done = True
+            cond.notify_all()
+            return self._take(rnd, rank)
+
+    def _take(self, rnd: _Round, rank: int) -> tuple[Any, Restore]:
+        result = rnd.results[rank]
+        rnd.results[rank] = None
+        rnd.taken += 1
+        if rnd.taken == self.world_size:
+            del self._rounds[rnd.seq]
+        return result
+
+    def _timed_out(self, rnd: _Round) -> str:
+        arrived = rnd.waiting()
+        missing = [r for r in range(self.world_size) if rnd.calls[r] is None]
+        still = "was still running its" if len(missing) == 1 else "were still running their"
+        return (
+            f"{rnd.name()} timed out after {self.timeout:g} s: {_ranks(arrived)} arrived but "
+            f"{_ranks(missing)} {still} own code; pass timeout= to "
+            "dist.run to wait longer"
+        )
+
+
+# -- the ranks' view --------------------------------------------------------------------------
+
+
+class _SimRank:
+    """One rank of a :class:`SimulatedWorld`: the backend of the collectives in its thread."""
+
+    __slots__ = ("world", "_rank")
+
+    def __init__(self, world: SimulatedWorld, rank: int) -> None:
+        self.world = world
+        self._rank = rank
+
+    def rank(self) -> int:
+        return self._rank
+
+    def world_size(self) -> int:
+        return self.world.world_size
+
+    def _meet(self, op: str, params: tuple, x: Any) -> Any:
+        array, restore = api.to_numpy(x)
+        result, restore = self.world.collective(self._rank, op, params, array, restore)
+        return restore(result)
+
+    def all_reduce(self, x: Any, op: ReduceOp) -> Any:
+        array, restore = api.to_numpy(x)
+        api.check_reducible(array, op)
+        result, _ = self.world.collective(self._rank, "all_reduce", (("op", op),), array, restore)
+        return restore(result)
+
+    def all_gather(self, x: Any, axis: int) -> Any:
+        array, restore = api.to_numpy(x)
+        if array.ndim == 0:
+            array = array.reshape(1)
+        axis = api.normalize_axis(axis, array.ndim, "axis")
+        result, _ = self.world.collective(
+            self._rank, "all_gather", (("axis", axis),), array, restore
+        )
+        return restore(result)
+
+    def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any:
+        array, restore = api.to_numpy(x)
+        api.check_reducible(array, op)
+        axis = _check_divisible(array, axis, self.world.world_size, "reduce_scatter")
+        result, _ = self.world.collective(
+            self._rank, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
+        )
+        return restore(result)
+
+    def all_to_all(self, x: Any, split_axis: int, concat_axis: int) -> Any:
+        array, restore = api.to_numpy(x)
+        split_axis = _check_divisible(
+            array, split_axis, self.world.world_size, "all_to_all", "split_axis"
+        )
+        concat_axis = api.normalize_axis(concat_axis, array.ndim, "concat_axis")
+        params = (("split_axis", split_axis), ("concat_axis", concat_axis))
+        result, _ = self.world.collective(self._rank, "all_to_all", params, array, restore)
+        return restore(result)
+
+    def broadcast(self, x: Any, src: int) -> Any:
+        src = _check_src(src, self.world.world_size)
+        array, restore = api.to_numpy(x)
+        if array is None and self._rank == src:
+            raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
+        result, src_restore = self.world.collective(
+            self._rank, "broadcast", (("src", src),), array, restore
+        )
+        return (restore if x is not None else src_restore)(result)
+
+    def scatter(self, x: Any, src: int, axis: int) -> Any:
+        src = _check_src(src, self.world.world_size)
+        array, restore = api.to_numpy(x)
+        params: tuple = (("src", src),)
+        if self._rank == src:
+            if array is None:
+                raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
+            axis = _check_divisible(array, axis, self.world.world_size, "scatter")
+            params = (("src", src), ("axis", axis))
+        result, src_restore = self.world.collective(self._rank, "scatter", params, array, restore)
+        return (restore if x is not None else src_restore)(result)
+
+    def barrier(self) -> None:
+        self.world.collective(self._rank, "barrier", (), None, api.to_numpy(None)[1])
+
+
+def _check_src(src: int, world_size: int) -> int:
+    if isinstance(src, bool) or not isinstance(src, int | np.integer):
+        raise TypeError(f"src must be an int rank, got {src!r}")
+    if not 0 <= src < world_size:
+        raise ValueError(f"src={src} is not a rank of a world of size {world_size}")
+    return int(src)
+
+
+def _check_divisible(
+    array: np.ndarray, axis: int, world_size: int, op: str, what: str = "axis"
+) -> int:
+    if array.ndim == 0:
+        raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
+    axis = api.normalize_axis(axis, array.ndim, what)
+    if array.shape[axis] % world_size:
+        raise ValueError(
+            f"{op}: {what}={axis} has length {array.shape[axis]}, which does not divide into "
+            f"{world_size} equal chunks (one per rank)"
+        )
+    return axis
+
+
+# -- checking the calls and computing the results ---------------------------------------------
+
+
+def _compute(
+    calls: list[_Call], seq: int, deterministic: bool
+) -> tuple[list[tuple[Any, Restore]], CollectiveEvent]:
+    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer)."""
+    op = _check_same_op(calls, seq)
+    name = f"{op} #{seq}"
+    params = _check_same_params(calls, name)
+    arrays = [c.array for c in calls]
+    kwargs = dict(params)
+    if op == "broadcast" or op == "scatter":
+        src = kwargs["src"]
+        kwargs = dict(calls[src].params)
+        if op == "broadcast":
+            _check_like_source(arrays, src, name)
+        results = _COMPUTE[op](arrays, src, kwargs)
+        restore = calls[src].restore
+        present = [a for a in arrays if a is not None]
+        nbytes = arrays[src].nbytes
+    else:
+        if op != "barrier":
+            _check_same(arrays, name, "dtype", lambda a: a.dtype)
+            _check_same(arrays, name, "shape", lambda a: a.shape)
+        results = _COMPUTE[op](arrays, deterministic, kwargs)
+        restore = api.to_numpy(None)[1]
+        present = [a for a in arrays if a is not None]
+        nbytes = max((a.nbytes for a in present), default=0)
+    event = CollectiveEvent(
+        seq=seq,
+        op=op,
+        shapes=tuple(None if a is None else a.shape for a in arrays),
+        dtype=str(present[0].dtype) if present else None,
+        nbytes=int(nbytes),
+        ranks=tuple(range(len(calls))),
+        kwargs=kwargs,
+    )
+    return [(result, restore) for result in results], event
+
+
+def _check_same_op(calls: list[_Call], seq: int) -> str:
+    groups = _group([c.op for c in calls])
+    if len(groups) > 1:
+        (majority, ranks), *others = groups
+        odd = ", ".join(f"{_ranks(rs)} called {op}" for op, rs in others)
+        raise CollectiveError(
+            f"{odd} while {_ranks(ranks)} called {majority} (collective #{seq}): every rank "
+            "must call the same collectives in the same order"
+        )
+    return groups[0][0]
+
+
+def _check_same_params(calls: list[_Call], name: str) -> tuple:
+    if calls[0].op == "scatter":  # only the source knows the axis of a scatter
+        params = [c.params[:1] for c in calls]
+    else:
+        params = [c.params for c in calls]
+    groups = _group(params)
+    if len(groups) > 1:
+        shown = "; ".join(
+            f"{_ranks(rs)}: " + ", ".join(f"{k}={_show(v)}" for k, v in p) for p, rs in groups
+        )
+        raise CollectiveError(f"the ranks disagree on the arguments of {name}: {shown}")
+    return params[0]
+
+
+def _show(value: Any) -> str:
+    return f"ReduceOp.{value.name}" if isinstance(value, ReduceOp) else repr(value)
+
+
+def _check_same(
+    arrays: list[np.ndarray], name: str, what: str, key: Callable[[np.ndarray], Any]
+) -> None:
+    groups = _group([key(a) for a in arrays])
+    if len(groups) > 1:
+        shown = "; ".join(f"{_ranks(rs)} {_shown(v)}" for v, rs in groups)
+        raise CollectiveError(f"{name}: the ranks' {what}s differ: {shown}")
+
+
+def _shown(value: Any) -> str:
+    return str(value)
+
+
+def _check_like_source(arrays: list[np.ndarray | None], src: int, name: str) -> None:
+    source = arrays[src]
+    for r, a in enumerate(arrays):
+        if a is None or r == src:
+            continue
+        if a.dtype != source.dtype or a.shape != source.shape:
+            raise CollectiveError(
+                f"{name}: rank {r} passed shape {a.shape} {a.dtype} but the source rank {src} "
+                f"sends {source.shape} {source.dtype}; pass None or an array like the source's"
+            )
+
+
+def _ring_order(rank: int, world_size: int) -> list[int]:
+    return [(rank + i) % world_size for i in range(world_size)]
+
+
+def _reduce(sources: Sequence[np.ndarray], op: ReduceOp, outs: Sequence[np.ndarray]) -> None:
+    """``outs[0] = sources[0] ⊕ sources[1] ⊕ ...`` (left to right), copied into ``outs[1:]``.
+
+    Works block by block on contiguous data, so each block of the partial result stays in
+    cache while the next rank's block is added and while it is copied out: one pass over the
+    inputs and one over the outputs, no temporary array.
+    """
+    ufunc = _UFUNCS[op]
+    first = outs[0]
+    scale = len(sources) if op is ReduceOp.AVG else None
+    if all(a.flags.c_contiguous for a in sources) and first.size > BLOCK_ELEMENTS:
+        flat_sources = [a.reshape(-1) for a in sources]
+        flat_outs = [o.reshape(-1) for o in outs]
+        for start in range(0, first.size, BLOCK_ELEMENTS):
+            block = slice(start, start + BLOCK_ELEMENTS)
+            _reduce_block(
+                [s[block] for s in flat_sources], ufunc, scale, [o[block] for o in flat_outs]
+            )
+    else:
+        _reduce_block(sources, ufunc, scale, outs)
+
+
+def _reduce_block(
+    sources: Sequence[np.ndarray], ufunc: np.ufunc, scale: int | None, outs: Sequence[np.ndarray]
+) -> None:
+    out = outs[0]
+    if len(sources) == 1:
+        np.copyto(out, sources[0])
+    else:
+        ufunc(sources[0], sources[1], out=out)
+        for source in sources[2:]:
+            ufunc(out, source, out=out)
+    if scale is not None:
+        np.divide(out, scale, out=out)
+    for other in outs[1:]:
+        np.copyto(other, out)
+
+
+def _all_reduce(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+    op: ReduceOp = kwargs["op"]
+    P = len(arrays)
+    outs = [np.empty_like(arrays[0], order="C") for _ in range(P)]
+    if deterministic or P <= 2 or op is ReduceOp.MAX:  # order cannot matter for P ≤ 2 or max
+        _reduce(arrays, op, outs)
+    else:
+        for r in range(P):
+            _reduce([arrays[j] for j in _ring_order(r, P)], op, outs[r : r + 1])
+    return outs
+
+
+def _chunks(array: np.ndarray, parts: int, axis: int) -> list[np.ndarray]:
+    return np.split(array, parts, axis=axis)
+
+
+def _reduce_scatter(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+    op: ReduceOp = kwargs["op"]
+    axis: int = kwargs["axis"]
+    P = len(arrays)
+    chunked = [_chunks(a, P, axis) for a in arrays]
+    outs = []
+    for r in range(P):
+        order = range(P) if deterministic else _ring_order(r, P)
+        sources = [chunked[j][r] for j in order]
+        out = np.empty(sources[0].shape, arrays[0].dtype)
+        _reduce(sources, op, [out])
+        outs.append(out)
+    return outs
+
+
+def _all_gather(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+    gathered = np.concatenate(arrays, axis=kwargs["axis"])
+    return [gathered] + [gathered.copy() for _ in arrays[1:]]
+
+
+def _all_to_all(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+    P = len(arrays)
+    chunked = [_chunks(a, P, kwargs["split_axis"]) for a in arrays]
+    return [
+        np.concatenate([chunked[j][r] for j in range(P)], axis=kwargs["concat_axis"])
+        for r in range(P)
+    ]
+
+
+def _barrier(arrays: list[None], deterministic: bool, kwargs: dict) -> list:
+    return [None] * len(arrays)
+
+
+def _broadcast(arrays: list[np.ndarray | None], src: int, kwargs: dict) -> list:
+    source = arrays[src]
+    return [np.array(source, copy=True, order="C") for _ in arrays]
+
+
+def _scatter(arrays: list[np.ndarray | None], src: int, kwargs: dict) -> list:
+    return [chunk.copy() for chunk in _chunks(arrays[src], len(arrays), kwargs["axis"])]
+
+
+_COMPUTE: dict[str, Callable[..., list]] = {
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_gather": _all_gather,
+    "all_to_all": _all_to_all,
+    "broadcast": _broadcast,
+    "scatter": _scatter,
+    "barrier": _barrier,
+}
