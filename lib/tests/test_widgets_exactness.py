@@ -199,6 +199,11 @@ def test_per_rank_reduction_order_makes_replicas_drift_apart():
     assert result.divergence[-1] > 10 * result.divergence[0] > 0
 
 
+def test_two_ranks_cannot_drift_because_addition_commutes():
+    result = ex.replica_drift(world_size=2, steps=200, deterministic=False)
+    assert result.first_divergent_step is None
+
+
 def test_drift_needs_two_ranks():
     with pytest.raises(ValueError):
         ex.replica_drift(world_size=1)

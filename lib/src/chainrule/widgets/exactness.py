@@ -31,7 +31,7 @@ import ipywidgets
 import numpy as np
 from matplotlib.figure import Figure
 
-from chainrule import ops
+from chainrule import dist, ops
 from chainrule.tensor import Tensor
 from chainrule.widgets.live import LiveWidget, html_table, markdown_table
 
@@ -457,12 +457,28 @@ class DriftProblem:
         return loss, grad_w1, grad_w2
 
 
-def sum_in_order(arrays: Sequence[np.ndarray], order: Sequence[int]) -> np.ndarray:
-    """``((a[o_0] + a[o_1]) + a[o_2]) + …``: a left-to-right sum in the given order."""
-    total = arrays[order[0]].copy()
-    for i in order[1:]:
-        total = total + arrays[i]
-    return total
+def train_replica(problem: DriftProblem, steps: int, lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """SPMD: plain data-parallel gradient descent on this rank's shard; θ after every step.
+
+    Rank p computes ``g_p`` on its shard at its *own* parameters, one all-reduce (sum) of the
+    flattened gradients gives ``Σ_q g_q``, and ``θ ← θ − (lr/P) Σ_q g_q``. Returns the
+    flattened parameters after each step, shape (steps, n_params), and this rank's shard loss
+    before each step.
+    """
+    world, rank = dist.world_size(), dist.rank()
+    idx = np.array_split(np.arange(len(problem.x)), world)[rank]
+    x, y = problem.x[idx], problem.y[idx]
+    w1, w2 = problem.w1.copy(), problem.w2.copy()
+    step_size = problem.w1.dtype.type(lr / world)
+    history = np.empty((steps, w1.size + w2.size), dtype=w1.dtype)
+    losses = np.empty(steps)
+    for s in range(steps):
+        losses[s], g1, g2 = problem.loss_and_grads(x, y, w1, w2)
+        total = np.asarray(dist.all_reduce(np.concatenate([g1.ravel(), g2.ravel()])))
+        w1 = w1 - step_size * total[: w1.size].reshape(w1.shape)
+        w2 = w2 - step_size * total[w1.size :].reshape(w2.shape)
+        history[s, : w1.size], history[s, w1.size :] = w1.ravel(), w2.ravel()
+    return history, losses
 
 
 def replica_drift(
@@ -474,44 +490,31 @@ def replica_drift(
     hidden: int = 16,
     seed: int = 0,
 ) -> DriftResult:
-    """Train P replicas with data parallelism and measure how far apart they drift.
+    """Train P replicas with data parallelism on the simulated world and measure their drift.
 
-    Each step, rank p computes its shard gradient ``g_p`` at its own parameters ``θ_p``; each
-    rank then needs ``Σ_q g_q``. With ``deterministic=True`` every rank receives the same sum
-    (one fixed order, as a correct all-reduce guarantees), so the replicas stay bitwise
-    identical forever. With ``deterministic=False`` each rank adds the P gradients in its own
-    order (a fresh random order per rank and step, like messages arriving in any order): the
-    sums differ in the last bits, the replicas stop being identical, and since each one's
-    next gradient is taken at its own parameters, the differences accumulate.
+    Runs :func:`train_replica` under ``dist.run(..., deterministic=deterministic)``. With
+    ``deterministic=True`` the all-reduce sums in rank order once and hands every rank the
+    same bits, so the replicas stay bitwise identical forever. With ``deterministic=False``
+    rank r sums in its own ring order ``g_r + g_{r+1} + … + g_{r−1}``: for P ≥ 3 the sums
+    differ in the last bits (for P = 2 they cannot: ``a + b = b + a`` — addition is
+    commutative, only associativity fails), the replicas stop being identical, and since each
+    one's next gradient is taken at its own parameters, the differences accumulate.
     """
     if world_size < 2:
         raise ValueError("drift needs at least two ranks")
     problem = DriftProblem.make(world_size, hidden=hidden, dtype=dtype, seed=seed)
-    shards = np.array_split(np.arange(len(problem.x)), world_size)
-    params = [[problem.w1.copy(), problem.w2.copy()] for _ in range(world_size)]
-    order_rng = np.random.default_rng(seed + 1)
-    step_size = dtype(lr / world_size)  # the mean of the P shard gradients
-    divergence = np.zeros(steps)
-    differing = np.zeros(steps, dtype=int)
-    losses = np.zeros(steps)
-    fixed_order = list(range(world_size))
-    for s in range(steps):
-        grads = []
-        for p, idx in enumerate(shards):
-            loss, g1, g2 = problem.loss_and_grads(problem.x[idx], problem.y[idx], *params[p])
-            grads.append((g1, g2))
-            if p == 0:
-                losses[s] = loss
-        for p in range(world_size):
-            order = fixed_order if deterministic else list(order_rng.permutation(world_size))
-            for k in range(2):
-                total = sum_in_order([g[k] for g in grads], order)
-                params[p][k] = params[p][k] - step_size * total
-        flat = [np.concatenate([w.ravel() for w in ps]) for ps in params]
-        gaps = np.abs(np.array(flat[1:]) - flat[0])
-        divergence[s] = gaps.max()
-        differing[s] = int(np.count_nonzero(gaps.max(axis=0)))
-    return DriftResult(deterministic, divergence, differing, flat, losses)
+    runs = dist.run(
+        train_replica, world_size, args=(problem, steps, lr), deterministic=deterministic
+    )
+    history = np.stack([h for h, _ in runs])  # (rank, step, param)
+    gaps = np.abs(history[1:] - history[0])  # (rank - 1, step, param)
+    return DriftResult(
+        deterministic=deterministic,
+        divergence=gaps.max(axis=(0, 2)).astype(float),
+        differing=np.count_nonzero(gaps.max(axis=0), axis=1),
+        params=[h[-1] for h in history],
+        losses=runs[0][1],
+    )
 
 
 def plot_drift(results: Sequence[DriftResult]) -> Figure:
