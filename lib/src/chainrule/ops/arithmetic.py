@@ -155,12 +155,10 @@ def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
 
     a2 = ad[None, :] if ad.ndim == 1 else ad  # (k,) -> (1, k)
     b2 = bd[:, None] if bd.ndim == 1 else bd  # (k,) -> (k, 1)
+    out2_shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]) + (a2.shape[-2], b2.shape[-1])
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-        if ad.ndim == 1:
-            g = np.expand_dims(g, -2)
-        if bd.ndim == 1:
-            g = np.expand_dims(g, -1)
+        g = g.reshape(out2_shape)  # put back the axes the 1-D promotion removed
         ga = gb = None
         if need_a:
             ga = unbroadcast(g @ np.swapaxes(b2, -1, -2), a2.shape).reshape(ad.shape)
