@@ -1,0 +1,255 @@
+"""Lesson 1's widget: the two association orders of a chain of Jacobians, counted and timed.
+
+A chain of ``n`` layers with input size ``d_0``, hidden width ``w`` and output size ``m`` has
+widths ``d = (d_0, w, …, w, m)`` and Jacobians ``J_k`` of shape ``(d_k, d_{k-1})``. The whole
+Jacobian ``J = J_n ⋯ J_1`` can be accumulated in two orders (see :mod:`chainrule.chain_cost`):
+
+- reverse mode (right to left in ``x̄_0 = J_1ᵀ ⋯ J_nᵀ x̄_n``), ``m`` VJP sweeps:
+  ``Σ_k m·d_k·d_{k-1}`` multiply-adds, i.e. ``Σ_k d_k·d_{k-1}`` for a scalar loss;
+- forward accumulation (from the input side), ``d_0`` JVP sweeps: ``Σ_k d_0·d_{k-1}·d_k``.
+
+Both are linear in the number of sweeps, so they cross where ``m = d_0``: reverse mode wins
+whenever the output is smaller than the input, which for a scalar loss is always.
+:func:`chain_cost_report` computes both counts over a range of output sizes, times both orders
+with numpy at a few of them, and :func:`build_chain_cost_widget` puts sliders on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ipywidgets
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, FuncFormatter, LogLocator
+
+from chainrule.chain_cost import ChainTiming, crossover, forward_flops, reverse_flops, time_chain
+from chainrule.widgets.live import LiveWidget, html_table, markdown_table
+
+
+def chain_widths(
+    n_layers: int, width: int, output_size: int, input_size: int | None = None
+) -> tuple[int, ...]:
+    """``(d_0, w, …, w, m)``: ``n_layers`` Jacobians, hidden width ``w``, output size ``m``.
+
+    ``input_size`` defaults to ``width`` (every layer as wide as the input).
+    """
+    if n_layers < 1:
+        raise ValueError(f"a chain needs at least one layer, got n_layers={n_layers}")
+    if min(width, output_size, width if input_size is None else input_size) < 1:
+        raise ValueError("widths must be positive")
+    d_0 = width if input_size is None else input_size
+    return (d_0, *([width] * (n_layers - 1)), output_size)
+
+
+@dataclass(frozen=True)
+class ChainCostReport:
+    """Counted and measured cost of both orders for one chain, and their curves over ``m``.
+
+    ``output_sizes`` with ``reverse_curve``/``forward_curve`` are multiply-add counts as the
+    output size varies (all other widths fixed); ``timings`` are numpy measurements (median of
+    repeats) at a few output sizes, the current one included.
+    """
+
+    widths: tuple[int, ...]
+    reverse_flops: int
+    forward_flops: int
+    crossover: float
+    output_sizes: tuple[int, ...]
+    reverse_curve: tuple[int, ...]
+    forward_curve: tuple[int, ...]
+    timings: tuple[ChainTiming, ...]
+
+    @property
+    def output_size(self) -> int:
+        return self.widths[-1]
+
+    @property
+    def input_size(self) -> int:
+        return self.widths[0]
+
+    @property
+    def flop_ratio(self) -> float:
+        """``forward / reverse`` multiply-adds: how many times cheaper reverse mode is."""
+        return self.forward_flops / self.reverse_flops
+
+    @property
+    def cheaper(self) -> str:
+        """Which order costs fewer multiply-adds here."""
+        if self.reverse_flops == self.forward_flops:
+            return "neither (they are equal)"
+        return "reverse mode" if self.reverse_flops < self.forward_flops else "forward mode"
+
+    @property
+    def current_timing(self) -> ChainTiming | None:
+        """The measurement at the chain's own output size, if timed."""
+        for timing in self.timings:
+            if timing.widths == self.widths:
+                return timing
+        return None
+
+
+def _timing_sizes(output_size: int, input_size: int, largest: int) -> list[int]:
+    """A few output sizes worth timing: 1, the crossover d_0, the current m, the largest."""
+    return sorted({1, input_size, output_size, largest})
+
+
+def chain_cost_report(
+    n_layers: int,
+    width: int,
+    output_size: int,
+    input_size: int | None = None,
+    largest_output: int | None = None,
+    measure: bool = True,
+    repeats: int = 3,
+    seed: int = 0,
+    timing_budget: int = 30_000_000,
+) -> ChainCostReport:
+    """Count both orders for the chain ``chain_widths(n_layers, width, output_size,
+    input_size)``, sweep the output size from 1 to ``largest_output`` (default: twice the
+    larger of ``d_0`` and ``m``), and, if ``measure``, time both orders with numpy at output
+    sizes 1, ``d_0``, ``m`` and the largest (median of ``repeats``), skipping any size where
+    either order would exceed ``timing_budget`` multiply-adds (so a slider stays responsive)."""
+    widths = chain_widths(n_layers, width, output_size, input_size)
+    before_output = widths[:-1]
+    largest = largest_output or 2 * max(widths[0], output_size)
+    sizes = tuple(sorted({*np.unique(np.geomspace(1, largest, 60).round().astype(int)), 1}))
+    rng = np.random.default_rng(seed)
+    timings: tuple[ChainTiming, ...] = ()
+    if measure:
+        timings = tuple(
+            time_chain((*before_output, m), repeats=repeats, rng=rng)
+            for m in _timing_sizes(output_size, widths[0], largest)
+            if max(reverse_flops((*before_output, m)), forward_flops((*before_output, m)))
+            <= timing_budget
+        )
+    return ChainCostReport(
+        widths=widths,
+        reverse_flops=reverse_flops(widths),
+        forward_flops=forward_flops(widths),
+        crossover=crossover(before_output),
+        output_sizes=tuple(int(m) for m in sizes),
+        reverse_curve=tuple(reverse_flops((*before_output, m)) for m in sizes),
+        forward_curve=tuple(forward_flops((*before_output, m)) for m in sizes),
+        timings=timings,
+    )
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def _table_rows(report: ChainCostReport) -> tuple[list[str], list[list[str]]]:
+    timing = report.current_timing
+    header = ["Order", "Multiply-adds", "Measured time (numpy)"]
+    rev_time = f"{timing.reverse_seconds * 1e3:.3f} ms" if timing else "not measured (too big)"
+    fwd_time = f"{timing.forward_seconds * 1e3:.3f} ms" if timing else "not measured (too big)"
+    rows = [
+        ["reverse mode: Σ m·d_k·d_(k-1)", f"{report.reverse_flops:,}", rev_time],
+        ["forward accumulation: Σ d_0·d_(k-1)·d_k", f"{report.forward_flops:,}", fwd_time],
+    ]
+    return header, rows
+
+
+def _verdict(report: ChainCostReport) -> str:
+    ratio = report.flop_ratio
+    if report.cheaper == "reverse mode":
+        comparison = f"reverse mode is {ratio:.3g}× cheaper"
+    elif report.cheaper == "forward mode":
+        comparison = f"forward accumulation is {1 / ratio:.3g}× cheaper"
+    else:
+        comparison = "the two orders cost the same"
+    return (
+        f"Widths d = {list(report.widths)}: {comparison}. "
+        f"The orders cross at output size m = {report.crossover:g} (= d_0)."
+    )
+
+
+def chain_cost_markdown(report: ChainCostReport) -> str:
+    """The report as a Markdown table and a one-line verdict."""
+    header, rows = _table_rows(report)
+    return markdown_table(header, rows) + "\n\n" + _verdict(report)
+
+
+def chain_cost_html(report: ChainCostReport) -> str:
+    """The report as an HTML table and a one-line verdict (the widget's text)."""
+    header, rows = _table_rows(report)
+    return html_table(header, rows) + f"<p>{_verdict(report)}</p>"
+
+
+def plot_chain_cost(report: ChainCostReport) -> Figure:
+    """Left: multiply-adds of both orders against the output size m (log-log), with the
+    crossover ``m = d_0`` and the current m. Right: the measured times at the timed sizes."""
+    figure = Figure(figsize=(10, 3.6))
+    flops_ax, time_ax = figure.subplots(1, 2)
+    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.9, wspace=0.25)
+    flops_ax.plot(report.output_sizes, report.reverse_curve, label="reverse mode (VJPs)")
+    flops_ax.plot(report.output_sizes, report.forward_curve, label="forward accumulation")
+    if report.timings:
+        sizes = [t.widths[-1] for t in report.timings]
+        reverse_ms = [t.reverse_seconds * 1e3 for t in report.timings]
+        forward_ms = [t.forward_seconds * 1e3 for t in report.timings]
+        time_ax.plot(sizes, reverse_ms, "o-", label="reverse mode (VJPs)")
+        time_ax.plot(sizes, forward_ms, "s-", label="forward accumulation")
+    else:
+        time_ax.text(0.5, 0.5, "not measured", ha="center", transform=time_ax.transAxes)
+    for ax in (flops_ax, time_ax):
+        ax.axvline(report.crossover, color="grey", linestyle="--", label="crossover m = d_0")
+        ax.axvline(report.output_size, color="black", linewidth=0.8, label="current m")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        # Plain-text tick labels ("10k", "2M") instead of mathtext powers: faster to draw.
+        ax.minorticks_off()
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0), numticks=8))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_xlabel("output size m")
+        ax.legend(fontsize="small")
+    flops_ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    time_ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
+    flops_ax.set_ylabel("multiply-adds")
+    flops_ax.set_title(f"Counted: widths {list(report.widths[:-1])} + [m]")
+    time_ax.set_ylabel("time (ms, median)")
+    time_ax.set_title("Measured with numpy")
+    return figure
+
+
+def build_chain_cost_widget(
+    n_layers: int = 4,
+    width: int = 64,
+    output_size: int = 1,
+    input_size: int | None = None,
+    max_width: int = 128,
+    repeats: int = 3,
+) -> LiveWidget:
+    """Sliders for the number of layers, their width, the output size m and the input size
+    d_0 (default: the width); shows the table, the verdict and the plot for the chain.
+
+    ``widget.controls`` has keys ``n_layers``, ``width``, ``output_size``, ``input_size``;
+    ``widget.last_result`` is the :class:`ChainCostReport`, ``widget.table.value`` its HTML,
+    ``widget.plot.value`` the PNG of :func:`plot_chain_cost`.
+    """
+    style = {"description_width": "initial"}
+
+    def slider(description: str, value: int, low: int, high: int) -> ipywidgets.IntSlider:
+        return ipywidgets.IntSlider(
+            value=value,
+            min=low,
+            max=high,
+            description=description,
+            continuous_update=False,
+            style=style,
+        )
+
+    controls = {
+        "n_layers": slider("layers n", n_layers, 1, 8),
+        "width": slider("width", width, 1, max_width),
+        "output_size": slider("output size m", output_size, 1, 2 * max_width),
+        "input_size": slider("input size d_0", input_size or width, 1, max_width),
+    }
+
+    def compute(n_layers: int, width: int, output_size: int, input_size: int) -> ChainCostReport:
+        return chain_cost_report(
+            n_layers, width, output_size, input_size, largest_output=2 * max_width, repeats=repeats
+        )
+
+    return LiveWidget(controls, compute, chain_cost_html, plot_chain_cost)
