@@ -113,8 +113,8 @@ def gradcheck(
             where = np.unravel_index(np.argmax(np.where(bad, error, -1)), a.shape)
             raise AssertionError(
                 f"gradcheck: input {i} (shape {a.shape}): max error {error.max():.3e}; "
-                f"at index {tuple(int(k) for k in where)} backward gave {a[where]:.10g}, "
-                f"central differences gave {n[where]:.10g} (atol={atol}, rtol={rtol})"
+                f"at index {tuple(int(k) for k in where)} backward gave {a[where]:.8g}, "
+                f"central differences gave {n[where]:.8g} (atol={atol}, rtol={rtol})"
             )
     return True
 
