@@ -29,6 +29,7 @@ from chainrule.dist.api import (
 )
 from chainrule.dist.errors import CollectiveError, NoWorldError, RankError
 from chainrule.dist.simulated import SimulatedWorld
+from chainrule.dist.torch_backend import init_from_env, shutdown
 from chainrule.dist.trace import CollectiveEvent, Trace
 
 __all__ = [
@@ -47,10 +48,12 @@ __all__ = [
     "barrier",
     "broadcast",
     "in_world",
+    "init_from_env",
     "is_available",
     "rank",
     "reduce_scatter",
     "run",
     "scatter",
+    "shutdown",
     "world_size",
 ]

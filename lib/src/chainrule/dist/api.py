@@ -134,14 +134,19 @@ def to_numpy(x: Any) -> tuple[np.ndarray | None, Restore]:
 
 def check_reducible(array: np.ndarray, op: ReduceOp) -> None:
     """Raise TypeError where ``op`` has no meaning for ``array``'s dtype."""
-    if array.dtype.kind == "b":
+    check_reducible_kind(array.dtype.kind, str(array.dtype), op)
+
+
+def check_reducible_kind(kind: str, dtype_name: str, op: ReduceOp) -> None:
+    """Raise TypeError where ``op`` has no meaning for a dtype of numpy kind ``kind``."""
+    if kind == "b":
         raise TypeError(f"cannot reduce a boolean array with {op}; convert it to int or float")
-    if op is ReduceOp.AVG and array.dtype.kind in "iu":
+    if op is ReduceOp.AVG and kind in "iu":
         raise TypeError(
-            f"ReduceOp.AVG of an integer array ({array.dtype}) is not an integer; "
+            f"ReduceOp.AVG of an integer array ({dtype_name}) is not an integer; "
             "reduce with SUM and divide, or convert to float first"
         )
-    if op is ReduceOp.MAX and array.dtype.kind == "c":
+    if op is ReduceOp.MAX and kind == "c":
         raise TypeError("ReduceOp.MAX is not defined for complex numbers")
 
 

@@ -89,7 +89,7 @@ class _Call:
 class _Round:
     """The k-th collective of the run, while the ranks meet in it."""
 
-    __slots__ = ("seq", "calls", "arrived", "started", "done", "results", "taken")
+    __slots__ = ("seq", "calls", "arrived", "started", "done", "results")
 
     def __init__(self, seq: int, world_size: int) -> None:
         self.seq = seq
@@ -98,7 +98,6 @@ class _Round:
         self.started = time.monotonic()
         self.done = False
         self.results: list[Any] = [None] * world_size
-        self.taken = 0
 
     def name(self) -> str:
         call = next(c for c in self.calls if c is not None)
@@ -132,7 +131,7 @@ class SimulatedWorld:
         self.deterministic = bool(deterministic)
         self.trace = trace
         self._running = threading.Lock()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # guards the state of the run below
         self._reset(trace)
 
     def _reset(self, trace: Trace | None) -> None:
@@ -146,6 +145,13 @@ class SimulatedWorld:
         self._errors: dict[int, tuple[BaseException, str]] = {}
         self._results: list[Any] = [None] * P
         self._finished = 0  # ranks whose function has returned or raised
+        self._over = threading.Event()  # all ranks finished, or the run failed
+        # Each rank sleeps in a collective on its own lock, held while it should sleep and
+        # released once (by the last rank to arrive, or by a failure) to wake it.
+        self._wake = [threading.Lock() for _ in range(P)]
+        for wake in self._wake:
+            wake.acquire()
+        self._sleeping = [False] * P
 
     def __repr__(self) -> str:
         return (
@@ -181,9 +187,7 @@ class SimulatedWorld:
             for thread in threads:
                 thread.start()
             try:
-                with self._cond:
-                    while self._finished < self.world_size and self._failure is None:
-                        self._cond.wait()
+                self._over.wait()
             except BaseException:  # KeyboardInterrupt while waiting: stop every rank
                 self._fail("the run was interrupted")
                 self._stop(threads)
@@ -216,9 +220,10 @@ class SimulatedWorld:
             api.set_thread_backend(None)
 
     def _rank_raised(self, rank: int, exc: BaseException) -> None:
-        with self._cond:
+        with self._lock:
             self._finished += 1
-            self._cond.notify_all()
+            if self._finished == self.world_size:
+                self._over.set()
             if isinstance(exc, _Aborted | _Interrupted):
                 return  # released because the run had already failed
             tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
@@ -229,9 +234,10 @@ class SimulatedWorld:
                 self._fail_locked(f"rank {rank} raised {type(exc).__name__}: {exc}")
 
     def _rank_returned(self, rank: int) -> None:
-        with self._cond:
+        with self._lock:
             self._finished += 1
-            self._cond.notify_all()
+            if self._finished == self.world_size:
+                self._over.set()
             made = self._next_seq[rank]
             self._returned[rank] = made
             for rnd in self._rounds.values():
@@ -249,13 +255,20 @@ class SimulatedWorld:
         )
 
     def _fail(self, message: str) -> None:
-        with self._cond:
+        with self._lock:
             self._fail_locked(message)
 
     def _fail_locked(self, message: str) -> None:
         if self._failure is None:
             self._failure = message
-        self._cond.notify_all()
+        self._over.set()
+        for r in range(self.world_size):
+            self._wake_locked(r)
+
+    def _wake_locked(self, rank: int) -> None:
+        if self._sleeping[rank]:
+            self._sleeping[rank] = False
+            self._wake[rank].release()
 
     def _error(self) -> Exception:
         if self._failed_rank is not None and self._errors:
@@ -301,8 +314,7 @@ class SimulatedWorld:
 
         The result comes from :data:`_COMPUTE` [op], run once by the last rank to arrive.
         """
-        cond = self._cond
-        with cond:
+        with self._lock:
             if self._failure is not None:
                 raise _Aborted(self._failure)
             seq = self._next_seq[rank]
@@ -316,42 +328,59 @@ class SimulatedWorld:
             if gone:
                 self._fail_locked(self._left_early(rnd, gone[0]))
                 raise _Aborted(self._failure)
-            if rnd.arrived < self.world_size:
-                deadline = rnd.started + self.timeout
-                while not rnd.done:
-                    if self._failure is not None:
-                        raise _Aborted(self._failure)
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        self._fail_locked(self._timed_out(rnd))
-                        raise _Aborted(self._failure)
-                    cond.wait(remaining)
-                return self._take(rnd, rank)
-        # The last to arrive: check the calls and compute every rank's result, unlocked.
+            last = rnd.arrived == self.world_size
+            if last:
+                del self._rounds[seq]  # complete: nobody looks it up again
+            else:
+                self._sleeping[rank] = True
+        if not last:
+            return self._wait(rnd, rank)
+        # The last to arrive checks the calls and computes every rank's result, unlocked.
         calls: list[_Call] = rnd.calls  # type: ignore[assignment]
         try:
-            results, event = _compute(calls, seq, self.deterministic)
+            tracing = self._active_trace is not None
+            results, event = _compute(calls, seq, self.deterministic, tracing)
         except CollectiveError as exc:
             self._fail(str(exc))
             raise _Aborted(str(exc)) from None
         except Exception as exc:
             self._fail(f"{rnd.name()} failed: {type(exc).__name__}: {exc}")
             raise
-        with cond:
-            if self._active_trace is not None:
+        with self._lock:
+            if self._failure is not None:  # the others were released with the failure
+                raise _Aborted(self._failure)
+            if event is not None:
                 self._active_trace.record(event)
             rnd.results = results
             rnd.done = True
-            cond.notify_all()
-            return self._take(rnd, rank)
+            for r in range(self.world_size):
+                self._wake_locked(r)
+        return results[rank]
 
-    def _take(self, rnd: _Round, rank: int) -> tuple[Any, Restore]:
-        result = rnd.results[rank]
-        rnd.results[rank] = None
-        rnd.taken += 1
-        if rnd.taken == self.world_size:
-            del self._rounds[rnd.seq]
-        return result
+    def _wait(self, rnd: _Round, rank: int) -> tuple[Any, Restore]:
+        """Sleep until the last rank completes ``rnd``, the run fails, or the time is up."""
+        wake = self._wake[rank]
+        deadline: float | None = rnd.started + self.timeout
+        while True:
+            if deadline is None:
+                wake.acquire()
+                break
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and wake.acquire(timeout=remaining):
+                break
+            with self._lock:
+                if not self._sleeping[rank]:  # woken right after the timeout
+                    wake.acquire()  # returns at once, taking that wake-up
+                    break
+                if rnd.arrived == self.world_size:  # all here: the last one is computing
+                    deadline = None
+                    continue
+                self._sleeping[rank] = False
+                self._fail_locked(self._timed_out(rnd))
+                raise _Aborted(self._failure)
+        if rnd.done:
+            return rnd.results[rank]
+        raise _Aborted(self._failure)
 
     def _timed_out(self, rnd: _Round) -> str:
         arrived = rnd.waiting()
@@ -474,12 +503,26 @@ def _check_divisible(
 
 
 def _compute(
-    calls: list[_Call], seq: int, deterministic: bool
-) -> tuple[list[tuple[Any, Restore]], CollectiveEvent]:
-    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer)."""
-    op = _check_same_op(calls, seq)
+    calls: list[_Call], seq: int, deterministic: bool, tracing: bool
+) -> tuple[list[tuple[Any, Restore]], CollectiveEvent | None]:
+    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer).
+
+    The checks compare with plain loops first (the common case: everything agrees) and only
+    group the ranks by value to write the error message when something differs.
+    """
+    first = calls[0]
+    op = first.op
+    if any(c.op != op for c in calls):
+        _check_same_op(calls, seq)
     name = f"{op} #{seq}"
-    params = _check_same_params(calls, name)
+    if op == "scatter":  # only the source knows the axis of a scatter
+        params = first.params[:1]
+        if any(c.params[:1] != params for c in calls):
+            _check_same_params([c.params[:1] for c in calls], name)
+    else:
+        params = first.params
+        if any(c.params != params for c in calls):
+            _check_same_params([c.params for c in calls], name)
     arrays = [c.array for c in calls]
     kwargs = dict(params)
     if op == "broadcast" or op == "scatter":
@@ -489,26 +532,32 @@ def _compute(
             _check_like_source(arrays, src, name)
         results = _COMPUTE[op](arrays, src, kwargs)
         restore = calls[src].restore
-        present = [a for a in arrays if a is not None]
         nbytes = arrays[src].nbytes
     else:
         if op != "barrier":
-            _check_same(arrays, name, "dtype", lambda a: a.dtype)
-            _check_same(arrays, name, "shape", lambda a: a.shape)
+            a0 = arrays[0]
+            if any(a.dtype != a0.dtype or a.shape != a0.shape for a in arrays):
+                _check_same(arrays, name, "dtype", lambda a: a.dtype)
+                _check_same(arrays, name, "shape", lambda a: a.shape)
         results = _COMPUTE[op](arrays, deterministic, kwargs)
-        restore = api.to_numpy(None)[1]
+        restore = _RESTORE_ARRAY
+        nbytes = max((a.nbytes for a in arrays if a is not None), default=0)
+    event = None
+    if tracing:
         present = [a for a in arrays if a is not None]
-        nbytes = max((a.nbytes for a in present), default=0)
-    event = CollectiveEvent(
-        seq=seq,
-        op=op,
-        shapes=tuple(None if a is None else a.shape for a in arrays),
-        dtype=str(present[0].dtype) if present else None,
-        nbytes=int(nbytes),
-        ranks=tuple(range(len(calls))),
-        kwargs=kwargs,
-    )
+        event = CollectiveEvent(
+            seq=seq,
+            op=op,
+            shapes=tuple(None if a is None else a.shape for a in arrays),
+            dtype=str(present[0].dtype) if present else None,
+            nbytes=int(nbytes),
+            ranks=tuple(range(len(calls))),
+            kwargs=kwargs,
+        )
     return [(result, restore) for result in results], event
+
+
+_RESTORE_ARRAY = api.to_numpy(None)[1]
 
 
 def _check_same_op(calls: list[_Call], seq: int) -> str:
@@ -523,18 +572,12 @@ def _check_same_op(calls: list[_Call], seq: int) -> str:
     return groups[0][0]
 
 
-def _check_same_params(calls: list[_Call], name: str) -> tuple:
-    if calls[0].op == "scatter":  # only the source knows the axis of a scatter
-        params = [c.params[:1] for c in calls]
-    else:
-        params = [c.params for c in calls]
+def _check_same_params(params: list[tuple], name: str) -> None:
     groups = _group(params)
-    if len(groups) > 1:
-        shown = "; ".join(
-            f"{_ranks(rs)}: " + ", ".join(f"{k}={_show(v)}" for k, v in p) for p, rs in groups
-        )
-        raise CollectiveError(f"the ranks disagree on the arguments of {name}: {shown}")
-    return params[0]
+    shown = "; ".join(
+        f"{_ranks(rs)}: " + ", ".join(f"{k}={_show(v)}" for k, v in p) for p, rs in groups
+    )
+    raise CollectiveError(f"the ranks disagree on the arguments of {name}: {shown}")
 
 
 def _show(value: Any) -> str:

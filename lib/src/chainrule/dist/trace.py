@@ -41,8 +41,13 @@ class CollectiveEvent:
 
     def to_row(self) -> dict[str, Any]:
         """The event as a flat dict (one row of :meth:`Trace.to_rows`)."""
-        distinct = {s for s in self.shapes if s is not None}
-        shape: Any = next(iter(distinct)) if len(distinct) == 1 else list(self.shapes)
+        distinct = set(self.shapes)
+        if distinct == {None}:
+            shape: Any = "-"
+        elif len(distinct) == 1:
+            shape = next(iter(distinct))
+        else:
+            shape = list(self.shapes)
         return {
             "seq": self.seq,
             "op": self.op,
