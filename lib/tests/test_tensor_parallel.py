@@ -168,3 +168,65 @@ def test_global_clipping_of_sharded_and_replicated_gradients():
         assert norm == pytest.approx(full_norm, rel=1e-12)
         np.testing.assert_allclose(w1, coefficient * full.w1, atol=TOL)
         np.testing.assert_allclose(b2, coefficient * full.b2, atol=TOL)
+
+
+# -- torch on real processes ----------------------------------------------------------------
+
+
+def hand_written_pair():
+    """f and f̄ as an exercise would write them: two autograd Functions on torch.distributed."""
+    import torch
+    import torch.distributed as td
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            td.all_reduce(grad)
+            return grad
+
+    class FBar(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x = x.clone()
+            td.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    return F.apply, FBar.apply
+
+
+def torch_steps(weights, x, readout):
+    f, f_bar = hand_written_pair()
+    return {
+        "torch": tensor_parallel_step(weights, x, readout, framework="torch"),
+        "torch-relu": tensor_parallel_step(weights, x, readout, "relu", framework="torch"),
+        "hand-written": tensor_parallel_step(
+            weights, x, readout, framework="torch", f=f, f_bar=f_bar
+        ),
+        "torch-without-f": tensor_parallel_step(weights, x, readout, framework="torch", f=identity),
+        "engine": tensor_parallel_step(weights, x, readout),
+    }
+
+
+def test_tensor_parallel_mlp_on_two_gloo_processes():
+    weights, x, readout = problem(seed=7)
+    expected = {
+        "tanh": reference_step(weights, x, readout, framework="torch"),
+        "relu": reference_step(weights, x, readout, "relu", framework="torch"),
+    }
+    assert_same_step(reference_step(weights, x, readout), expected["tanh"])  # engine = torch
+    for steps in dist.run(torch_steps, 2, backend="gloo", args=(weights, x, readout)):
+        assert_same_step(steps["torch"], expected["tanh"])
+        assert_same_step(steps["torch-relu"], expected["relu"])
+        assert_same_step(steps["hand-written"], expected["tanh"])
+        assert_same_step(steps["engine"], expected["tanh"])
+        _, x_grad, _ = steps["torch-without-f"]
+        assert np.abs(x_grad - expected["tanh"][1]).max() > 1e-3

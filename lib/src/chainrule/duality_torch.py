@@ -1,0 +1,209 @@
+"""The duality table as ``torch.autograd.Function``s on ``torch.distributed``.
+
+The same rows as :mod:`chainrule.duality` (read its docstrings for the math: the forward map,
+its Jacobian and the VJP), for torch tensors in real processes with a process group
+initialised — for example inside ``chainrule.dist.run(fn, P, backend="gloo")``. Each class's
+``backward`` calls the backward collective of its row; the lower-case functions are the
+wrappers to call. ``group`` is the process group (``None``: the default, whole world).
+
+Collectives go through ``torch.distributed`` directly, with list-based ``all_gather``,
+``reduce_scatter`` and ``all_to_all`` (the ``*_tensor`` variants are deprecated in torch
+2.13). Backward passes never write into the incoming gradient: they reduce a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as td
+from torch.autograd.function import FunctionCtx
+
+Group = Any  # a torch.distributed ProcessGroup, or None for the default group
+
+
+def _all_reduce_sum(x: torch.Tensor, group: Group) -> torch.Tensor:
+    out = x.clone().contiguous()
+    td.all_reduce(out, op=td.ReduceOp.SUM, group=group)
+    return out
+
+
+def _all_gather_cat(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(td.get_world_size(group))]
+    td.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=axis)
+
+
+def _chunks(x: torch.Tensor, parts: int, axis: int) -> list[torch.Tensor]:
+    length = x.shape[axis]
+    if length % parts:
+        raise ValueError(
+            f"axis {axis} of shape {tuple(x.shape)} has length {length}, "
+            f"which does not split into {parts} equal chunks (one per rank)"
+        )
+    return [c.contiguous() for c in torch.chunk(x, parts, dim=axis)]
+
+
+def _reduce_scatter_sum(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
+    chunks = _chunks(x, td.get_world_size(group), axis)
+    out = torch.empty_like(chunks[0])
+    td.reduce_scatter(out, chunks, op=td.ReduceOp.SUM, group=group)
+    return out
+
+
+def _all_to_all(x: torch.Tensor, split_axis: int, concat_axis: int, group: Group) -> torch.Tensor:
+    sends = _chunks(x, td.get_world_size(group), split_axis)
+    receives = [torch.empty_like(c) for c in sends]
+    td.all_to_all(receives, sends, group=group)
+    return torch.cat(receives, dim=concat_axis)
+
+
+def _own_chunk(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
+    return _chunks(x, td.get_world_size(group), axis)[td.get_rank(group)]
+
+
+class CopyToRanks(torch.autograd.Function):
+    """``f``: identity forward on a replicated value, all-reduce (sum) backward."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: Group = None) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_reduce_sum(grad, ctx.group), None
+
+
+class ReduceFromRanks(torch.autograd.Function):
+    """``f̄``: all-reduce (sum) forward of per-rank partial results, identity backward."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor, group: Group = None) -> torch.Tensor:
+        return _all_reduce_sum(x, group)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class GatherFromRanks(torch.autograd.Function):
+    """All-gather forward with per-rank downstream, reduce-scatter backward."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, x: torch.Tensor, axis: int = 0, group: Group = None
+    ) -> torch.Tensor:
+        ctx.axis, ctx.group = axis, group
+        return _all_gather_cat(x, axis, group)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _reduce_scatter_sum(grad, ctx.axis, ctx.group), None, None
+
+
+class GatherReplicated(torch.autograd.Function):
+    """All-gather forward with replicated downstream (counted once), split backward."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, x: torch.Tensor, axis: int = 0, group: Group = None
+    ) -> torch.Tensor:
+        ctx.axis, ctx.group = axis, group
+        return _all_gather_cat(x, axis, group)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _own_chunk(grad, ctx.axis, ctx.group), None, None
+
+
+class ReduceScatterToRanks(torch.autograd.Function):
+    """Reduce-scatter (sum) forward, all-gather backward."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, x: torch.Tensor, axis: int = 0, group: Group = None
+    ) -> torch.Tensor:
+        ctx.axis, ctx.group = axis, group
+        return _reduce_scatter_sum(x, axis, group)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _all_gather_cat(grad, ctx.axis, ctx.group), None, None
+
+
+class AllToAllRanks(torch.autograd.Function):
+    """All-to-all forward, all-to-all with ``split_axis`` and ``concat_axis`` swapped backward."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        x: torch.Tensor,
+        split_axis: int = 0,
+        concat_axis: int = 0,
+        group: Group = None,
+    ) -> torch.Tensor:
+        ctx.split_axis, ctx.concat_axis, ctx.group = split_axis, concat_axis, group
+        return _all_to_all(x, split_axis, concat_axis, group)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        back = _all_to_all(grad, ctx.concat_axis, ctx.split_axis, ctx.group)
+        return back, None, None, None
+
+
+class SplitToRanks(torch.autograd.Function):
+    """Split forward (each rank keeps its chunk of a replicated value), all-gather backward."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, x: torch.Tensor, axis: int = 0, group: Group = None
+    ) -> torch.Tensor:
+        ctx.axis, ctx.group = axis, group
+        return _own_chunk(x, axis, group).clone()
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _all_gather_cat(grad, ctx.axis, ctx.group), None, None
+
+
+def copy_to_ranks(x: torch.Tensor, group: Group = None) -> torch.Tensor:
+    """``f``: identity forward, all-reduce (sum) backward (see :class:`CopyToRanks`)."""
+    return CopyToRanks.apply(x, group)
+
+
+def reduce_from_ranks(x: torch.Tensor, group: Group = None) -> torch.Tensor:
+    """``f̄``: all-reduce (sum) forward, identity backward (see :class:`ReduceFromRanks`)."""
+    return ReduceFromRanks.apply(x, group)
+
+
+def gather_from_ranks(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
+    """All-gather forward, reduce-scatter backward (see :class:`GatherFromRanks`)."""
+    return GatherFromRanks.apply(x, axis, group)
+
+
+def gather_replicated(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
+    """All-gather forward, split backward (see :class:`GatherReplicated`)."""
+    return GatherReplicated.apply(x, axis, group)
+
+
+def reduce_scatter_to_ranks(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
+    """Reduce-scatter forward, all-gather backward (see :class:`ReduceScatterToRanks`)."""
+    return ReduceScatterToRanks.apply(x, axis, group)
+
+
+def all_to_all_ranks(
+    x: torch.Tensor, split_axis: int = 0, concat_axis: int = 0, group: Group = None
+) -> torch.Tensor:
+    """All-to-all forward, transposed all-to-all backward (see :class:`AllToAllRanks`)."""
+    return AllToAllRanks.apply(x, split_axis, concat_axis, group)
+
+
+def split_to_ranks(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
+    """Keep this rank's chunk forward, all-gather backward (see :class:`SplitToRanks`)."""
+    return SplitToRanks.apply(x, axis, group)
+
+
+f = copy_to_ranks
+f_bar = reduce_from_ranks

@@ -1,0 +1,116 @@
+"""The duality table on real processes (gloo): torch autograd Functions and engine rows.
+
+Each check is one ``dist.run`` call on a pool of gloo worker processes that ``dist.run`` keeps
+alive between calls, so after the pool's start a check costs milliseconds.
+"""
+
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from chainrule import dist, duality, duality_torch
+from chainrule.dist_testing import compare_with_single_process, distributed_adjoint_test
+from chainrule.duality import DUALITY_TABLE, PER_RANK
+
+TOL = 1e-12
+FUNCTIONS = {
+    "identity": duality_torch.CopyToRanks,
+    "all_reduce": duality_torch.ReduceFromRanks,
+    "all_gather": duality_torch.GatherFromRanks,
+    "all_gather_replicated": duality_torch.GatherReplicated,
+    "reduce_scatter": duality_torch.ReduceScatterToRanks,
+    "all_to_all": duality_torch.AllToAllRanks,
+    "split": duality_torch.SplitToRanks,
+}
+
+
+def input_shape(row):
+    return (12, 3) if row.key in ("reduce_scatter", "all_to_all", "split") else (2, 3)
+
+
+def random_inputs(row, world_size, seed=1, shape=None):
+    rng = np.random.default_rng(seed)
+    count = 1 if row.input_kind == duality.REPLICATED else world_size
+    return [rng.standard_normal(shape or input_shape(row)) for _ in range(count)]
+
+
+def test_every_row_has_a_torch_autograd_function():
+    assert {row.key for row in DUALITY_TABLE} == set(FUNCTIONS)
+    for row in DUALITY_TABLE:
+        assert issubclass(FUNCTIONS[row.key], torch.autograd.Function)
+        assert row.torch_fn.__name__ == row.engine_fn.__name__
+    assert duality_torch.f is duality_torch.copy_to_ranks
+    assert duality_torch.f_bar is duality_torch.reduce_from_ranks
+
+
+def check_row(fn, global_fn, row, world_size, framework, shape=None):
+    shape = shape or input_shape(row)
+    forward, backward = distributed_adjoint_test(
+        fn, [shape], row.input_kind, row.output_kind, world_size, "gloo", framework
+    )
+    assert forward != 0.0
+    assert backward == pytest.approx(forward, rel=TOL, abs=TOL)
+    inputs = random_inputs(row, world_size, shape=shape)
+    error = compare_with_single_process(
+        fn, global_fn, inputs, row.input_kind, row.output_kind, world_size, "gloo", framework
+    )
+    assert error.output <= TOL
+    assert error.gradient <= TOL
+
+
+@pytest.mark.parametrize("row", DUALITY_TABLE, ids=lambda r: r.key)
+def test_torch_rows_on_two_processes(row):
+    check_row(row.torch_fn, row.global_fn, row, 2, "torch")
+
+
+@pytest.mark.parametrize("row", DUALITY_TABLE, ids=lambda r: r.key)
+def test_engine_rows_on_two_processes(row):
+    check_row(row.engine_fn, row.global_fn, row, 2, "engine")
+
+
+def test_torch_all_to_all_with_different_axes_on_two_processes():
+    row = duality.duality_row("all_to_all")
+    fn = partial(duality_torch.all_to_all_ranks, split_axis=1, concat_axis=0)
+    global_fn = partial(duality.global_all_to_all, split_axis=1, concat_axis=0)
+    check_row(fn, global_fn, row, 2, "torch", shape=(3, 4))
+
+
+@pytest.mark.slow
+def test_torch_rows_on_four_processes():
+    for row in DUALITY_TABLE:
+        check_row(row.torch_fn, row.global_fn, row, 4, "torch")
+
+
+def f_without_all_reduce(x):
+    """A hand-written f that forgets its backward all-reduce."""
+    return x.clone()
+
+
+def test_a_wrong_torch_backward_is_caught_on_real_processes():
+    row = duality.duality_row("identity")
+    forward, backward = distributed_adjoint_test(
+        f_without_all_reduce,
+        [(3,)],
+        row.input_kind,
+        PER_RANK,
+        2,
+        "gloo",
+        "torch",
+        check_replication=False,
+    )
+    assert backward != pytest.approx(forward, rel=1e-6)
+
+
+def backward_keeps_the_incoming_gradient():
+    """The backward passes reduce a copy: the caller's gradient tensor is left as it was."""
+    x = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    g = torch.full((4,), float(dist.rank() + 1), dtype=torch.float64)
+    duality_torch.copy_to_ranks(x).backward(g)
+    return g.clone(), x.grad.clone()
+
+
+def test_torch_backward_does_not_write_into_the_incoming_gradient():
+    for rank, (g, x_grad) in enumerate(dist.run(backward_keeps_the_incoming_gradient, 2, "gloo")):
+        np.testing.assert_array_equal(g.numpy(), np.full(4, rank + 1.0))
+        np.testing.assert_array_equal(x_grad.numpy(), np.full(4, 3.0))
