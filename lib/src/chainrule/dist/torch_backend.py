@@ -26,7 +26,9 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import json
+import linecache
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -726,7 +728,7 @@ def run(
     if errors:
         first = min(errors)
         name, message, text = errors[first]
-        error = RankError(first, name, message, text)
+        error = RankError(first, name, message, _restore_source_lines(text, fn))
         if len(errors) > 1:
             error.add_note(f"{api_ranks(sorted(set(errors) - {first}))} also raised")
         stuck = sorted(r for r, reply in replies.items() if reply[0] == "stuck")
@@ -790,6 +792,49 @@ def _dispatch(pool: _Pool, task: bytes, timeout: float) -> dict[int, tuple]:
         "in a collective that another rank never called. The worker processes were stopped "
         "and restart on the next call; pass timeout= to dist.run to allow longer"
     )
+
+
+_DYNAMIC_FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)$')
+
+
+def _restore_source_lines(text: str, fn: Callable[..., Any]) -> str:
+    """Put file names and source lines back into a worker's traceback.
+
+    cloudpickle sends functions from ``__main__`` (a notebook cell) by value and renames
+    their file ``<dynamic-code>``, so the worker's traceback has no source. Here the caller
+    still has the original code objects: ``fn``'s, those nested in it, and those of the
+    functions it can reach in its module's globals.
+    """
+    if "<dynamic-code>" not in text:
+        return text
+    files: dict[str, set[str]] = {}
+
+    def collect(code: Any) -> None:
+        files.setdefault(code.co_name, set()).add(code.co_filename)
+        for const in code.co_consts:
+            if hasattr(const, "co_filename"):
+                collect(const)
+
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        collect(code)
+        for value in getattr(fn, "__globals__", {}).values():
+            if getattr(value, "__module__", None) == fn.__module__ and hasattr(value, "__code__"):
+                collect(value.__code__)
+    lines = []
+    for line in text.splitlines():
+        match = _DYNAMIC_FRAME.match(line)
+        names = files.get(match.group(3), set()) if match else set()
+        if match and len(names) == 1:
+            indent, number, name = match.groups()
+            filename = next(iter(names))
+            lines.append(f'{indent}File "{filename}", line {number}, in {name}')
+            source = linecache.getline(filename, int(number)).strip()
+            if source:
+                lines.append(f"{indent}  {source}")
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def _merge_events(per_rank: list[list[tuple]], backend: str) -> list[CollectiveEvent]:

@@ -1,0 +1,317 @@
+"""torch.distributed backends: gloo on P = 2 and 4 ranks against numpy and against the
+simulated world, functions from a notebook, errors, timeouts, and no process left behind.
+
+The worker pools are module-level in chainrule.dist.torch_backend, so every test here reuses
+the same P=2 (and P=4) pool; the failure tests that must stop a pool come last.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from chainrule import Tensor, dist
+from chainrule.dist import torch_backend
+
+torch = pytest.importorskip("torch")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available("gloo"), reason="torch.distributed with gloo is not available"
+)
+
+
+def children() -> list:
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def close_pools_and_check_no_process_is_left():
+    yield
+    dist.shutdown()
+    time.sleep(0.1)
+    assert [p for p in children() if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+# -- every collective, against numpy and the simulated world ----------------------------------
+
+
+def rank_inputs(rank: int, P: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1000 + rank)
+    return {
+        "f64": rng.standard_normal((2 * P, 3)),
+        "f32": rng.standard_normal((3, 2 * P)).astype(np.float32),
+        "i64": rng.integers(-100, 100, size=(P, 2)),
+    }
+
+
+def every_collective() -> dict[str, np.ndarray]:
+    """An SPMD function that calls every collective (module level: sent by reference)."""
+    r, P = dist.rank(), dist.world_size()
+    x = rank_inputs(r, P)
+    return {
+        "all_reduce_sum": dist.all_reduce(x["f64"]),
+        "all_reduce_avg": dist.all_reduce(x["f32"], op=dist.ReduceOp.AVG),
+        "all_reduce_max": dist.all_reduce(x["i64"], op="max"),
+        "all_gather": dist.all_gather(x["f32"], axis=1),
+        "all_gather_scalar": dist.all_gather(float(r)),
+        "reduce_scatter": dist.reduce_scatter(x["f64"]),
+        "reduce_scatter_avg_axis1": dist.reduce_scatter(x["f32"], op="avg", axis=1),
+        "all_to_all": dist.all_to_all(x["i64"], split_axis=0, concat_axis=1),
+        "all_to_all_02": dist.all_to_all(x["f32"], split_axis=1, concat_axis=0),
+        "broadcast": dist.broadcast(x["f64"] if r == P - 1 else None, src=P - 1),
+        "scatter": dist.scatter(x["i64"] if r == 0 else None, src=0, axis=0),
+        "rank": np.array([r, P]),
+    }
+
+
+def expected_results(P: int) -> list[dict[str, np.ndarray]]:
+    xs = [rank_inputs(r, P) for r in range(P)]
+
+    def stack(key):
+        return [x[key] for x in xs]
+
+    total64 = sum(stack("f64")[1:], stack("f64")[0])
+    avg32 = sum(stack("f32")[1:], stack("f32")[0]) / np.float32(P)
+    out = []
+    for r in range(P):
+        out.append(
+            {
+                "all_reduce_sum": total64,
+                "all_reduce_avg": avg32,
+                "all_reduce_max": np.maximum.reduce(stack("i64")),
+                "all_gather": np.concatenate(stack("f32"), axis=1),
+                "all_gather_scalar": np.arange(P, dtype=np.float64),
+                "reduce_scatter": np.split(total64, P, axis=0)[r],
+                "reduce_scatter_avg_axis1": np.split(avg32, P, axis=1)[r],
+                "all_to_all": np.concatenate([np.split(a, P, 0)[r] for a in stack("i64")], 1),
+                "all_to_all_02": np.concatenate([np.split(a, P, 1)[r] for a in stack("f32")], 0),
+                "broadcast": xs[P - 1]["f64"],
+                "scatter": np.split(xs[0]["i64"], P, axis=0)[r],
+                "rank": np.array([r, P]),
+            }
+        )
+    return out
+
+
+def check_against(results: list[dict], expected: list[dict], exact: bool) -> None:
+    for got, want in zip(results, expected, strict=True):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert isinstance(got[key], np.ndarray), key
+            assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
+            if exact or want[key].dtype.kind == "i":
+                np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+            else:
+                tol = 1e-6 if want[key].dtype == np.float32 else 1e-12
+                np.testing.assert_allclose(got[key], want[key], rtol=tol, atol=tol, err_msg=key)
+
+
+def test_every_collective_on_gloo_with_two_ranks_matches_numpy_and_the_simulation():
+    gloo = dist.run(every_collective, 2, backend="gloo")
+    sim = dist.run(every_collective, 2)
+    check_against(gloo, expected_results(2), exact=False)
+    check_against(gloo, sim, exact=True)  # two summands: no order to disagree about
+
+
+@pytest.mark.slow
+def test_every_collective_on_gloo_with_four_ranks_matches_numpy_and_the_simulation():
+    gloo = dist.run(every_collective, 4, backend="gloo")
+    check_against(gloo, expected_results(4), exact=False)
+    check_against(gloo, dist.run(every_collective, 4), exact=False)
+
+
+def linear_regression_step(w: np.ndarray, steps: int) -> np.ndarray:
+    """Data-parallel gradient descent: each rank's shard, gradients averaged by all_reduce."""
+    rng = np.random.default_rng(dist.rank())
+    X = rng.standard_normal((16, w.size))
+    y = X @ np.arange(1.0, w.size + 1)
+    for _ in range(steps):
+        grad = 2 * X.T @ (X @ w - y) / len(y)
+        w = w - 0.05 * dist.all_reduce(grad, op="avg")
+    return w
+
+
+def test_the_same_training_gives_the_same_numbers_on_sim_and_gloo():
+    w0 = np.zeros(3)
+    gloo = dist.run(linear_regression_step, 2, backend="gloo", args=(w0, 20))
+    sim = dist.run(linear_regression_step, 2, args=(w0, 20))
+    for a, b in zip(gloo, sim, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(gloo[0], gloo[1])
+
+
+def test_tensor_kinds_come_back_as_they_went_in():
+    def fn():
+        r = dist.rank()
+        t = torch.full((2,), float(r + 1), dtype=torch.float32, requires_grad=True)
+        return (
+            dist.all_reduce(t),
+            dist.all_reduce(Tensor(np.ones(2) * r)),
+            dist.broadcast(torch.arange(3) if r == 0 else None),
+            dist.all_reduce(np.float64(r)),
+            t,
+        )
+
+    results = dist.run(fn, 2, backend="gloo")
+    for r, (summed, tensor, broadcast, scalar, original) in enumerate(results):
+        assert isinstance(summed, torch.Tensor) and summed.dtype == torch.float32
+        assert torch.equal(summed, torch.full((2,), 3.0)) and not summed.requires_grad
+        assert torch.equal(original.detach(), torch.full((2,), float(r + 1)))  # not mutated
+        assert isinstance(tensor, Tensor) and np.array_equal(tensor.data, np.ones(2))
+        assert isinstance(broadcast, torch.Tensor) and torch.equal(broadcast, torch.arange(3))
+        assert isinstance(scalar, np.ndarray) and scalar.shape == () and scalar == 1.0
+
+
+def test_trace_on_gloo_matches_the_simulation():
+    gloo, sim = dist.Trace(), dist.Trace()
+    dist.run(every_collective, 2, backend="gloo", trace=gloo)
+    dist.run(every_collective, 2, trace=sim)
+    assert len(gloo) == len(sim) == 11
+    for g, s in zip(gloo, sim, strict=True):
+        assert (g.seq, g.op, g.shapes, g.dtype, g.nbytes, g.ranks, g.kwargs) == (
+            s.seq,
+            s.op,
+            s.shapes,
+            s.dtype,
+            s.nbytes,
+            s.ranks,
+            s.kwargs,
+        )
+        assert g.backend == "gloo" and s.backend == "sim"
+
+
+def test_a_function_defined_in_a_notebook_runs_on_gloo():
+    namespace = {"__name__": "__main__"}
+    exec(
+        "from chainrule import dist\n"
+        "import numpy as np\n"
+        "SCALE = 3.0\n"
+        "def notebook_step(offset):\n"
+        "    return dist.all_reduce(np.ones(2) * (dist.rank() + offset) * SCALE)\n",
+        namespace,
+    )
+    fn = namespace["notebook_step"]
+    assert fn.__module__ == "__main__"
+    results = dist.run(fn, 2, backend="gloo", args=(1.0,))
+    np.testing.assert_array_equal(results[1], np.full(2, 9.0))
+
+
+def test_repeated_calls_reuse_the_pool_and_are_fast():
+    dist.run(dist.rank, 2, backend="gloo")
+    pids = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
+        times.append(time.perf_counter() - start)
+    assert [p.pid for p in torch_backend._pools[("gloo", 2)].procs] == pids
+    assert np.median(times) < 0.05, f"median {np.median(times) * 1e3:.1f} ms per call"
+
+
+def test_an_exception_on_every_rank_keeps_the_pool():
+    pids = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+
+    def fn():
+        raise ZeroDivisionError(f"rank {dist.rank()} divided by zero")
+
+    with pytest.raises(dist.RankError) as info:
+        dist.run(fn, 2, backend="gloo")
+    assert info.value.rank == 0 and info.value.exc_type == "ZeroDivisionError"
+    assert "rank 0 divided by zero" in str(info.value)
+    assert "raise ZeroDivisionError" in info.value.traceback_text
+    assert [p.pid for p in torch_backend._pools[("gloo", 2)].procs] == pids
+
+
+def test_a_result_that_cannot_be_pickled_is_a_rank_error():
+    import threading
+
+    with pytest.raises(dist.RankError, match="rank 0 raised"):
+        dist.run(threading.Lock, 2, backend="gloo")
+
+
+def test_init_from_env_outside_torchrun_explains_itself(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="torchrun"):
+        dist.init_from_env()
+
+
+def test_backends_report_what_is_available():
+    assert dist.available_backends()[:2] == ["sim", "gloo"]
+    assert dist.is_available("auto")
+    expected = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    assert torch_backend.auto_backend(2) == expected
+
+
+# -- failures that stop a pool (last: the next call starts a fresh one) -----------------------
+
+
+def test_an_exception_while_others_wait_is_a_rank_error_and_stops_the_pool():
+    old = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+
+    def fn():
+        if dist.rank() == 1:
+            raise ValueError("only on rank 1")
+        return dist.all_reduce(np.ones(2))  # waits for rank 1 forever
+
+    start = time.monotonic()
+    with pytest.raises(dist.RankError) as info:
+        dist.run(fn, 2, backend="gloo")
+    assert time.monotonic() - start < 5
+    assert info.value.rank == 1 and "only on rank 1" in str(info.value)
+    assert any("rank 0 did not finish" in note for note in info.value.__notes__)
+    alive = {p.pid for p in children()}
+    assert not alive & set(old), "the stopped workers are still running"
+
+
+@pytest.mark.slow
+def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
+    def fn():
+        if dist.rank() == 0:
+            dist.all_reduce(np.ones(2))  # rank 1 never joins
+
+    dist.run(dist.rank, 2, backend="gloo")  # start the pool outside the timed part
+    old = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+    start = time.monotonic()
+    with pytest.raises(dist.CollectiveError) as info:
+        dist.run(fn, 2, backend="gloo", timeout=1.0)
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert message.startswith(
+        "the gloo run timed out after 1 s: rank 0 did not finish (rank 1 did)"
+    )
+    assert not {p.pid for p in children()} & set(old)
+    assert ("gloo", 2) not in torch_backend._pools
+    assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]  # a fresh pool starts
+
+
+def test_shutdown_stops_every_worker():
+    dist.run(dist.rank, 2, backend="gloo")
+    assert children()
+    dist.shutdown()
+    assert torch_backend._pools == {}
+    assert [p for p in children() if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+# -- NCCL: one GPU per rank -------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not dist.is_available("nccl") or torch.cuda.device_count() < 2,
+    reason="NCCL tests need at least 2 CUDA GPUs",
+)
+def test_every_collective_on_nccl_matches_numpy():
+    P = 2
+    results = dist.run(every_collective, P, backend="nccl")
+    check_against(results, expected_results(P), exact=False)
+
+    def on_gpu():
+        t = torch.ones(3, device=f"cuda:{dist.rank()}") * (dist.rank() + 1)
+        return dist.all_reduce(t, op="avg").device.type, dist.all_reduce(t).cpu()
+
+    for device, summed in dist.run(on_gpu, P, backend="nccl"):
+        assert device == "cuda" and torch.equal(summed, torch.full((3,), 3.0))
+    dist.shutdown()
