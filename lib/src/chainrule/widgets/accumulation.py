@@ -221,7 +221,7 @@ def plot_fp16_accumulation(result: Fp16Accumulation) -> Figure:
                 label=f"{label}: inf",
             )
     ax.axhline(FP16_MAX, color="black", linestyle="--", linewidth=1)
-    ax.annotate("float16 max 65504", (1, FP16_MAX), va="bottom", fontsize=8)
+    ax.annotate(f"float16 max {FP16_MAX:g}", (1, FP16_MAX), va="bottom", fontsize=8)
     ax.set_yscale("log")
     ax.set_xlabel("micro-batch j")
     ax.set_ylabel("max |gradient buffer|")
