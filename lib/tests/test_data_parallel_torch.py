@@ -1,21 +1,26 @@
-"""Data-parallel SGD with torch autograd on two gloo processes against one process.
+"""Data parallelism on two gloo processes against one process: torch autograd SGD, and the
+engine's uneven epochs and synchronised batch norm on real processes.
 
-All variants run inside one ``dist.run`` call (the process pool is shared by the test suite).
+Each test is one or two ``dist.run`` calls (the process pool is shared by the test suite).
 """
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from chainrule import dist
+from chainrule import Tensor, dist, ops
 from chainrule.data_parallel import (
     accumulate_gradients,
     average_gradients,
     clip_grad_norm_global,
     flatten_gradients,
     gradients_of,
+    joined_epoch,
+    padded_epoch,
     sgd_step,
+    sync_batch_norm,
     token_weighted_gradients,
     unflatten_gradients,
+    zeros_like_gradients,
 )
 from chainrule.tensor_parallel import init_mlp_weights, single_device_mlp
 
@@ -140,3 +145,61 @@ def test_no_sync_on_gloo_reduces_once_instead_of_k_times():
         assert trace.count("all_reduce") == (1 if no_sync else 3)
     for a, b in zip(results[True][0].as_tuple(), results[False][0].as_tuple(), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+# -- engine tensors on real processes: uneven epochs and synchronised batch norm --------------
+
+
+def engine_blocks_on_ranks(weights, per_rank, x, readout):
+    """Padded and joined epochs (uneven batch counts) and sync batch norm, engine tensors."""
+    results = {}
+    for epoch in ("padded", "joined"):
+        model = single_device_mlp(weights)
+        params = model.parameters()
+        mine = per_rank[dist.rank()]
+        source = padded_epoch(mine) if epoch == "padded" else joined_epoch(iter(mine))
+        for batch in source:
+            if batch is None:
+                grads, tokens = zeros_like_gradients(params), 0
+            else:
+                ops.cross_entropy(model(Tensor(batch[0])), batch[1]).backward()
+                grads, tokens = gradients_of(params), len(batch[1])
+            for p, g in zip(params, token_weighted_gradients(grads, tokens), strict=True):
+                p.grad = g
+            sgd_step(params, LR)
+        results[epoch] = model.weights()
+    xt = Tensor(np.split(x, 2)[dist.rank()], requires_grad=True)
+    (sync_batch_norm(xt) * np.split(readout, 2)[dist.rank()]).sum().backward()
+    results["batch_norm_grad"] = xt.grad
+    return results
+
+
+def test_engine_epochs_and_sync_batch_norm_on_gloo():
+    rng = np.random.default_rng(11)
+    weights = init_mlp_weights(D_IN, HIDDEN, CLASSES, seed=12)
+    per_rank = [
+        [(rng.standard_normal((4, D_IN)), rng.integers(0, CLASSES, 4)) for _ in range(n)]
+        for n in (3, 1)
+    ]
+    model = single_device_mlp(weights)
+    for step in range(3):
+        present = [b[step] for b in per_rank if step < len(b)]
+        x = np.concatenate([b[0] for b in present])
+        targets = np.concatenate([b[1] for b in present])
+        ops.cross_entropy(model(Tensor(x)), targets).backward()
+        sgd_step(model.parameters(), LR)
+    expected = model.weights()
+    x, readout = rng.standard_normal((8, 3)), rng.standard_normal((8, 3))
+    xt = torch.tensor(x, requires_grad=True)
+    y = F.batch_norm(xt, None, None, training=True, eps=1e-5)
+    (y * torch.tensor(readout)).sum().backward()
+
+    results = dist.run(
+        engine_blocks_on_ranks, 2, backend="gloo", args=(weights, per_rank, x, readout), timeout=60
+    )
+    for epoch in ("padded", "joined"):
+        for result in results:
+            for got, want in zip(result[epoch].as_tuple(), expected.as_tuple(), strict=True):
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-10, err_msg=epoch)
+    x_grad = np.concatenate([r["batch_norm_grad"] for r in results])
+    np.testing.assert_allclose(x_grad, xt.grad.numpy(), atol=1e-12)
