@@ -1,0 +1,27 @@
+"""The instructor's grading pipeline on top of nbgrader 0.9.
+
+- :func:`run_batch` (``python -m chainrule.grading batch <assignment>``): autograde every
+  submission in an isolated, time- and memory-limited child process (optionally with several
+  workers, each on its own gradebook copy, merged back), flag what could not be graded, generate
+  feedback with hidden tests stripped, export the CSV and print a summary that tells real zeros
+  from failures.
+- :func:`validate_notebook` (``python -m chainrule.grading validate <nb>``): nbgrader's validator
+  with a non-zero exit status when a test fails.
+- :class:`StripHiddenTests`: the feedback preprocessor that keeps hidden tests hidden.
+"""
+
+from chainrule.grading.batch import BatchOptions, BatchResult, run_batch
+from chainrule.grading.feedback import FEEDBACK_PREPROCESSORS, StripHiddenTests
+from chainrule.grading.outcomes import NotebookOutcome, StudentOutcome
+from chainrule.grading.validate import validate_notebook
+
+__all__ = [
+    "FEEDBACK_PREPROCESSORS",
+    "BatchOptions",
+    "BatchResult",
+    "NotebookOutcome",
+    "StripHiddenTests",
+    "StudentOutcome",
+    "run_batch",
+    "validate_notebook",
+]

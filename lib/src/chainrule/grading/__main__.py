@@ -1,0 +1,97 @@
+"""Command line of the grading pipeline.
+
+``python -m chainrule.grading batch <assignment> [--workers N] [--timeout-per-submission S]
+[--memory-limit-mb M] [--student ID ...] [--config-file F] [--Class.trait=value ...]``
+grades, flags, gives feedback, exports and summarises (exit 0 when every notebook was graded,
+3 when some could not be).
+
+``python -m chainrule.grading validate <notebook.ipynb> [--course-root DIR]``
+validates with nbgrader's Validator and exits 1 when a test fails (0 when all pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from chainrule.grading.batch import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, BatchOptions
+
+EXIT_NOT_ALL_GRADED = 3
+
+
+def _limit(text: str) -> float | None:
+    value = float(text)
+    return None if value <= 0 else value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``batch`` and ``validate`` sub-commands."""
+    parser = argparse.ArgumentParser(
+        prog="python -m chainrule.grading",
+        description="Instructor grading pipeline on top of nbgrader.",
+        epilog="Unknown --Class.trait=value options are nbgrader config overrides, "
+        "e.g. --Execute.timeout=30.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    batch = sub.add_parser("batch", help="autograde, feedback and export all submissions")
+    batch.add_argument("assignment")
+    batch.add_argument("--course-root", type=Path, default=Path("."))
+    batch.add_argument("--workers", type=int, default=1, help="parallel graders (default 1)")
+    batch.add_argument(
+        "--timeout-per-submission",
+        type=_limit,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"wall-clock seconds per student, 0 for none (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    batch.add_argument(
+        "--memory-limit-mb",
+        type=lambda t: int(t) or None,
+        default=DEFAULT_MEMORY_MB,
+        metavar="M",
+        help=f"address-space limit per submission in MiB, 0 for none (default {DEFAULT_MEMORY_MB})",
+    )
+    batch.add_argument("--student", action="append", default=[], help="grade only these")
+    batch.add_argument("--config-file", action="append", default=[], help="extra nbgrader config")
+    batch.add_argument("--out", type=Path, help="output folder (default grades/<assignment>)")
+    batch.add_argument("--no-feedback", action="store_true", help="skip generate_feedback")
+
+    validate = sub.add_parser("validate", help="validate a notebook; exit 1 when a test fails")
+    validate.add_argument("notebook", type=Path)
+    validate.add_argument("--course-root", type=Path)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a sub-command; return its exit status."""
+    args, overrides = build_parser().parse_known_args(argv)
+    unknown = [o for o in overrides if not (o.startswith("--") and "." in o.split("=")[0])]
+    if unknown:
+        build_parser().error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "validate":
+        from chainrule.grading.validate import validate_notebook
+
+        return validate_notebook(args.notebook, args.course_root, overrides)
+    from chainrule.grading.batch import run_batch
+
+    options = BatchOptions(
+        assignment=args.assignment,
+        course_root=args.course_root,
+        workers=max(1, args.workers),
+        timeout_per_submission=args.timeout_per_submission,
+        memory_limit_mb=args.memory_limit_mb,
+        students=args.student,
+        config_files=args.config_file,
+        overrides=overrides,
+        out_dir=args.out,
+        feedback=not args.no_feedback,
+    )
+    result = run_batch(options)
+    return 0 if result.all_graded else EXIT_NOT_ALL_GRADED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The instructor's batch: autograde → generate_feedback → export over everything submitted.
+
+``python -m chainrule.grading batch <assignment>`` (see :mod:`chainrule.grading.__main__`) calls
+:func:`run_batch`, which
+
+1. grades every submission in ``submitted/*/<assignment>``, each in a child process with a
+   wall-clock and a memory limit, one after another or with ``workers`` parallel workers,
+   printing one line per student as it finishes;
+2. flags failed notebooks in the gradebook for review (:func:`gradebooks.flag_failed`);
+3. generates feedback for every graded student with the hidden tests stripped, and removes stale
+   feedback of students whose submission could not be graded;
+4. writes nbgrader's CSV export, and its own summary (text, CSV, JSON) with a status per student
+   and per notebook, into ``grades/<assignment>/`` (logs per student in ``logs/``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from chainrule.grading import summary
+from chainrule.grading.config import CourseLayout, grading_env, load_config
+from chainrule.grading.export import export_grades
+from chainrule.grading.feedback import generate_feedback
+from chainrule.grading.gradebooks import flag_failed
+from chainrule.grading.grader import GradingJob, GradingTarget, Progress, grade_student_safely
+from chainrule.grading.outcomes import StudentOutcome
+from chainrule.grading.parallel import grade_in_parallel
+
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MEMORY_MB = 4096
+
+
+@dataclass
+class BatchOptions:
+    """What to grade and how (the command line's options)."""
+
+    assignment: str
+    course_root: Path = Path(".")
+    workers: int = 1
+    timeout_per_submission: float | None = DEFAULT_TIMEOUT_S
+    memory_limit_mb: int | None = DEFAULT_MEMORY_MB
+    students: list[str] = field(default_factory=list)
+    config_files: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    out_dir: Path | None = None
+    feedback: bool = True
+
+
+@dataclass
+class BatchResult:
+    """What a batch produced."""
+
+    outcomes: list[StudentOutcome]
+    rows: list[summary.SummaryRow]
+    notebooks: list[str]
+    out_dir: Path
+    export_csv: Path
+    summary_csv: Path
+    summary_json: Path
+    summary_txt: Path
+    feedback_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def all_graded(self) -> bool:
+        """Whether no notebook failed."""
+        return not any(o.failed for o in self.outcomes)
+
+
+def submitted_students(layout: CourseLayout, assignment: str) -> list[str]:
+    """Students with a ``submitted/<student>/<assignment>`` folder, sorted."""
+    if not layout.submitted.exists():
+        return []
+    return sorted(p.name for p in layout.submitted.iterdir() if (p / assignment).is_dir())
+
+
+def assignment_notebooks(layout: CourseLayout, assignment: str) -> list[str]:
+    """The assignment's notebooks in the gradebook (``LookupError`` if it was never generated)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    with Gradebook(layout.db_url, layout.course_id) as gb:
+        try:
+            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
+        except MissingEntry:
+            raise LookupError(
+                f"assignment {assignment!r} is not in the gradebook {layout.db_url}: "
+                f"run `nbgrader generate_assignment {assignment}` first"
+            ) from None
+
+
+def make_job(options: BatchOptions, out_dir: Path) -> GradingJob:
+    """The shared grading job for this batch."""
+    config = load_config(options.course_root, options.config_files, options.overrides)
+    layout = CourseLayout.from_config(config)
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return GradingJob(
+        assignment=options.assignment,
+        layout=layout,
+        config=config,
+        notebooks=assignment_notebooks(layout, options.assignment),
+        logs=logs,
+        env=grading_env(),
+        timeout_s=options.timeout_per_submission,
+        memory_limit_mb=options.memory_limit_mb,
+        config_files=[str(Path(p).resolve()) for p in options.config_files],
+        overrides=list(options.overrides),
+    )
+
+
+def grade_all(
+    job: GradingJob, students: Sequence[str], workers: int, progress: Progress
+) -> list[StudentOutcome]:
+    """Grade ``students`` one after another (``workers <= 1``) or in parallel."""
+    if workers > 1 and len(students) > 1:
+        return grade_in_parallel(job, students, min(workers, len(students)), progress.report)
+    outcomes = []
+    for student in students:
+        outcome = grade_student_safely(job, student, GradingTarget())
+        progress.report(outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def refresh_feedback(job: GradingJob, outcomes: Sequence[StudentOutcome]) -> dict[str, str]:
+    """Feedback for each fully graded student; stale feedback of the others removed.
+
+    Returns ``{student: error}`` for students whose feedback nbgrader could not generate.
+    """
+    errors = {}
+    for outcome in outcomes:
+        folder = job.layout.feedback_dir(outcome.student, job.assignment)
+        if folder.exists():
+            shutil.rmtree(folder)
+        if not outcome.fully_graded or not any(nb.graded for nb in outcome.notebooks):
+            continue
+        result = generate_feedback(job.config, job.assignment, outcome.student)
+        if not result.get("success"):
+            errors[outcome.student] = str(result.get("error", ""))[-2000:]
+    return errors
+
+
+def run_batch(options: BatchOptions, stream: TextIO = sys.stdout) -> BatchResult:
+    """Grade, flag, give feedback, export and summarise one assignment (see the module doc)."""
+    root = Path(options.course_root).resolve()
+    out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
+    job = make_job(options, out_dir)
+    students = options.students or submitted_students(job.layout, options.assignment)
+    print(
+        f"Grading {options.assignment}: {len(students)} submissions, "
+        f"{max(1, options.workers)} worker(s), limits {options.timeout_per_submission} s and "
+        f"{options.memory_limit_mb} MB per submission",
+        file=stream,
+        flush=True,
+    )
+    progress = Progress(len(students), stream, max([len(s) for s in students] + [8]))
+    outcomes = grade_all(job, students, options.workers, progress)
+    layout = job.layout
+    flag_failed(layout.db_url, layout.course_id, options.assignment, outcomes)
+    feedback_errors = refresh_feedback(job, outcomes) if options.feedback else {}
+    export_csv = export_grades(job.config, options.assignment, out_dir / "nbgrader-export.csv")
+    names, rows = summary.collect_rows(
+        layout.db_url, layout.course_id, options.assignment, outcomes
+    )
+    text = summary.render(options.assignment, names, rows)
+    for student, error in feedback_errors.items():
+        text += f"  feedback for {student} failed: {error.strip().splitlines()[-1:]}\n"
+    summary_txt = out_dir / "summary.txt"
+    summary_txt.write_text(text)
+    print("\n" + text, file=stream, flush=True)
+    return BatchResult(
+        outcomes=outcomes,
+        rows=rows,
+        notebooks=names,
+        out_dir=out_dir,
+        export_csv=export_csv,
+        summary_csv=summary.write_csv(rows, out_dir / "summary.csv"),
+        summary_json=summary.write_json(rows, options.assignment, out_dir / "summary.json"),
+        summary_txt=summary_txt,
+        feedback_errors=feedback_errors,
+    )

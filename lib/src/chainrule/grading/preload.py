@@ -1,0 +1,15 @@
+"""Imported once by the grading fork server, so that every grading child starts warm.
+
+Importing nbgrader pulls in jupyter_server, nbconvert and SQLAlchemy: seconds of CPU that each
+forked child would otherwise pay again. Nothing here starts a thread, a kernel or an event loop,
+so forking after these imports is safe.
+"""
+
+import nbclient  # noqa: F401
+import nbformat  # noqa: F401
+import nbgrader.api  # noqa: F401
+import nbgrader.converters  # noqa: F401
+import nbgrader.coursedir  # noqa: F401
+import nbgrader.utils  # noqa: F401
+
+import chainrule.grading.worker  # noqa: F401

@@ -1,0 +1,254 @@
+"""Unit tests of the grading pipeline's parts that need no nbgrader run: hidden-test splitting
+and stripping, failure classification, tamper detection, statuses, limits, the sandbox."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from chainrule.grading.config import grading_env, load_config
+from chainrule.grading.feedback import StripHiddenTests, scrub_traceback
+from chainrule.grading.hidden import split_hidden_tests
+from chainrule.grading.limits import LimitOutputSize, with_output_size_limit
+from chainrule.grading.outcomes import (
+    CORRUPT_JSON,
+    GRADING_ERROR,
+    KERNEL_DIED,
+    MEMORY_LIMIT,
+    TIMEOUT,
+    NotebookOutcome,
+    RestoredCells,
+    StudentOutcome,
+    classify_failure,
+)
+from chainrule.grading.sandbox import run_limited
+from chainrule.grading.tamper import ReleasedCell, find_restored_cells
+from grading_course import HIDDEN_MARKER
+
+TEST_SOURCE = (
+    'assert square(3) == 9, "square(3) should be 9"\n'
+    "### BEGIN HIDDEN TESTS\n"
+    f"{HIDDEN_MARKER} = square(-4)\n"
+    f'assert {HIDDEN_MARKER} == 16, "square must handle negative numbers"\n'
+    "### END HIDDEN TESTS\n"
+    "print('visible after')"
+)
+
+# The traceback IPython 8 gives for the failing hidden assert, colour codes and all.
+TRACEBACK = [
+    "\x1b[31m-----------------------------------------------------------------\x1b[39m",
+    "\x1b[31mAssertionError\x1b[39m                 Traceback (most recent call last)",
+    "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[2]\x1b[39m\x1b[32m, line 4\x1b[39m\n"
+    "\x1b[32m      1\x1b[39m \x1b[38;5;28;01massert\x1b[39;00m square(\x1b[32m3\x1b[39m) == "
+    '\x1b[32m9\x1b[39m, \x1b[33m"square(3) should be 9"\x1b[39m\n'
+    "\x1b[32m      2\x1b[39m \x1b[38;5;66;03m### BEGIN HIDDEN TESTS\x1b[39;00m\n"
+    f"\x1b[32m      3\x1b[39m {HIDDEN_MARKER} = square(-\x1b[32m4\x1b[39m)\n"
+    f"\x1b[32m----> \x1b[39m\x1b[32m4\x1b[39m \x1b[38;5;28;01massert\x1b[39;00m {HIDDEN_MARKER} == "
+    '\x1b[32m16\x1b[39m, \x1b[33m"square must handle negative numbers"\x1b[39m\n'
+    "\x1b[32m      5\x1b[39m \x1b[38;5;66;03m### END HIDDEN TESTS\x1b[39;00m\n",
+    "\x1b[31mAssertionError\x1b[39m: square must handle negative numbers",
+]
+
+
+def test_split_hidden_tests_matches_nbgrader_release():
+    split = split_hidden_tests(TEST_SOURCE)
+    assert (
+        split.visible == "assert square(3) == 9, \"square(3) should be 9\"\nprint('visible after')"
+    )
+    assert len(split.hidden_lines) == 4 and split.has_hidden
+    assert not split_hidden_tests("x = 1").has_hidden
+
+
+def test_split_hidden_tests_without_end_hides_the_rest():
+    split = split_hidden_tests("a = 1\n### BEGIN HIDDEN TESTS\nsecret = 2")
+    assert split.visible == "a = 1" and "secret = 2" in split.hidden_lines
+
+
+def test_scrub_traceback_drops_quoted_hidden_lines_and_keeps_the_message():
+    hidden = {line.strip() for line in split_hidden_tests(TEST_SOURCE).hidden_lines}
+    scrubbed = scrub_traceback(TRACEBACK, hidden)
+    text = "\n".join(scrubbed)
+    assert HIDDEN_MARKER not in text and "BEGIN HIDDEN" not in text
+    assert scrubbed[-1] == TRACEBACK[-1]  # AssertionError: square must handle negative numbers
+    assert "square(3) should be 9" in text  # the visible line stays
+    assert HIDDEN_MARKER in "\n".join(TRACEBACK)  # (the input did quote it)
+
+
+def test_strip_hidden_tests_preprocessor_cleans_source_and_traceback():
+    cell = nbformat.v4.new_code_cell(TEST_SOURCE)
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "error", ename="AssertionError", evalue="square must...", traceback=TRACEBACK
+        )
+    ]
+    plain = nbformat.v4.new_code_cell("y = 2  # " + HIDDEN_MARKER)
+    nb = nbformat.v4.new_notebook(cells=[cell, plain])
+    nb, _ = StripHiddenTests().preprocess(nb, {})
+    assert HIDDEN_MARKER not in nb.cells[0].source
+    assert HIDDEN_MARKER not in "".join(nb.cells[0].outputs[0].traceback)
+    assert nb.cells[0].outputs[0].ename == "AssertionError"
+    assert nb.cells[1].source == plain.source  # cells without a hidden region are untouched
+
+
+@pytest.mark.parametrize(
+    ("log", "reason", "detail"),
+    [
+        (
+            "Traceback...\nnbformat.reader.NotJSONError: Notebook does not appear to be JSON: '{'\n"
+            "nbgrader.converters.base.NbGraderException: Please see the above traceback",
+            CORRUPT_JSON,
+            "NotJSONError",
+        ),
+        (
+            "[ERROR] Kernel died while waiting for execute reply.\n"
+            '    raise DeadKernelError("Kernel died") from None\n'
+            "nbclient.exceptions.DeadKernelError: Kernel died",
+            KERNEL_DIED,
+            "DeadKernelError: Kernel died",
+        ),
+        (
+            "[ERROR] Timeout waiting for execute reply (3s).\n"
+            "nbclient.exceptions.CellTimeoutError: A cell timed out while it was being executed\n"
+            "The message was: Timeout waiting for IOPub output.",
+            TIMEOUT,
+            "CellTimeoutError",
+        ),
+        ("MemoryError: Unable to allocate", MEMORY_LIMIT, "MemoryError"),
+        ("KeyError: 'test_a'", GRADING_ERROR, "KeyError"),
+    ],
+)
+def test_classify_failure_reads_nbgraders_log(log, reason, detail):
+    got_reason, got_detail = classify_failure(log)
+    assert got_reason == reason
+    assert detail in got_detail
+
+
+def test_find_restored_cells_compares_with_the_release():
+    released = [
+        ReleasedCell("test_a", "assert f(1) == 1", is_grade=True),
+        ReleasedCell("test_b", "assert f(2) == 4", is_grade=True),
+        ReleasedCell("intro", "Read me", is_grade=False),
+    ]
+
+    def cell(grade_id, source):
+        return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {"grade_id": grade_id}})
+
+    untouched = nbformat.v4.new_notebook(
+        cells=[cell("test_a", "assert f(1) == 1\n"), cell("test_b", "assert f(2) == 4")]
+    )
+    assert not find_restored_cells(untouched, released)
+    tampered = nbformat.v4.new_notebook(cells=[cell("test_a", "pass")])
+    restored = find_restored_cells(tampered, released)
+    assert restored.edited == ["test_a"] and restored.deleted == ["test_b"]
+
+
+def test_statuses_tell_failures_from_zeros_and_restorations():
+    graded = NotebookOutcome("ex1", graded=True)
+    restored = NotebookOutcome("ex2", graded=True, restored=RestoredCells(edited=["test_x"]))
+    died = NotebookOutcome("ex3", reason=KERNEL_DIED)
+    assert graded.status == "graded" and not graded.failed
+    assert restored.status == "graded: test cells restored (edited test_x)"
+    assert died.status == "failed: kernel died" and died.failed
+    student = StudentOutcome("ann", [graded, restored, died])
+    assert student.status == "failed: kernel died (ex3)" and not student.fully_graded
+    assert StudentOutcome("bob", [graded, restored]).status.startswith("graded: test cells")
+    assert StudentOutcome("cy", [graded]).status == "graded"
+    again = NotebookOutcome.from_dict(restored.to_dict())
+    assert again == restored
+
+
+def test_limit_output_size_cuts_big_outputs_only():
+    small = nbformat.v4.new_output("stream", name="stdout", text="ok\n")
+    big = nbformat.v4.new_output("stream", name="stdout", text="x" * 5000)
+    image = nbformat.v4.new_output("display_data", data={"image/png": "A" * 5000})
+    cell = nbformat.v4.new_code_cell("print()", outputs=[small, big, image])
+    nb, _ = LimitOutputSize(max_chars=1000).preprocess(nbformat.v4.new_notebook(cells=[cell]), {})
+    outputs = nb.cells[0].outputs
+    assert outputs[0].text == "ok\n"
+    assert len(outputs[1].text) < 1100 and "truncated" in outputs[1].text
+    assert "image/png" not in outputs[2].data and "removed" in outputs[2].data["text/plain"]
+
+
+def test_output_size_limit_runs_right_after_nbgraders_limit_output():
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import LimitOutput
+
+    order = with_output_size_limit(list(Autograde().autograde_preprocessors))
+    assert order[order.index(LimitOutput) + 1] is LimitOutputSize
+
+
+def test_load_config_layers_course_file_extra_file_and_overrides(tmp_path):
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\nc.Execute.timeout = 60\n")
+    extra = tmp_path / "extra.py"
+    extra.write_text("c = get_config()\nc.Execute.timeout = 7\nc.Execute.startup_timeout = 9\n")
+    config = load_config(tmp_path, [extra], ["--Execute.startup_timeout=11"])
+    from nbgrader.preprocessors import Execute
+
+    execute = Execute(config=config)
+    assert (execute.timeout, execute.startup_timeout) == (7, 11)
+    assert config.CourseDirectory.root == str(tmp_path.resolve())
+
+
+def test_grading_env_puts_the_interpreters_bin_first_and_fixes_the_hash_seed():
+    env = grading_env({"PATH": "/usr/bin"})
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(os.sys.executable).parent)
+    assert env["PYTHONHASHSEED"] == "0"
+    assert grading_env({"PATH": "", "PYTHONHASHSEED": "5"})["PYTHONHASHSEED"] == "5"
+
+
+# -- the sandbox: targets run in the fork server's children ---------------------------------
+
+
+def spawn_sleeper_and_hang(argv):
+    """A child that starts a grandchild in its own session (like a kernel) and never returns."""
+    import subprocess
+    import sys
+
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    Path(argv[0]).write_text(str(sleeper.pid))
+    time.sleep(600)
+
+
+def allocate(argv):
+    """A child that allocates ``argv[0]`` MiB and says whether that raised MemoryError."""
+    try:
+        block = bytearray(int(argv[0]) * 2**20)
+        print("allocated", len(block))
+        return 0
+    except MemoryError:
+        print("MemoryError")
+        return 7
+
+
+@pytest.mark.slow  # the first test to use the fork server pays its start (imports nbgrader)
+def test_run_limited_kills_the_whole_tree_on_timeout(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    run = run_limited(
+        "test_grading_units:spawn_sleeper_and_hang",
+        [str(pid_file)],
+        timeout_s=3,
+        log_path=tmp_path / "log.txt",
+        env=grading_env(),
+        cwd=tmp_path,
+    )
+    assert run.timed_out and run.returncode is None and 3 <= run.seconds < 30
+    grandchild = int(pid_file.read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
+
+
+def test_run_limited_memory_cap_gives_a_clean_memory_error(tmp_path):
+    log = tmp_path / "log.txt"
+    capped = run_limited(
+        "test_grading_units:allocate", ["2048"], 60, log, grading_env(), tmp_path, 1024
+    )
+    assert capped.returncode == 7 and "MemoryError" in log.read_text()
+    free = run_limited(
+        "test_grading_units:allocate", ["64"], 60, log, grading_env(), tmp_path, 1024
+    )
+    assert free.returncode == 0 and not free.timed_out
