@@ -620,3 +620,77 @@ def test_backends_are_listed():
 
 def test_default_timeout_is_a_few_seconds():
     assert 1.0 <= simulated.DEFAULT_TIMEOUT <= 10.0
+
+
+# -- large arrays: the ranks share the work and results are reused ----------------------------
+
+
+@pytest.mark.parametrize("P", [2, 3, 5])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_large_all_reduce_shared_between_ranks_is_exact(P, deterministic):
+    n = simulated.PARALLEL_MIN_BYTES // 8 + 12345  # several blocks and a ragged end
+    xs = summands(P, n)
+    for op in ("sum", "avg", "max"):
+        results = run_per_rank(
+            P, lambda x, op=op: dist.all_reduce(x, op=op), xs, deterministic=deterministic
+        )
+        for r, result in enumerate(results):
+            order = range(P) if deterministic or op == "max" else [(r + i) % P for i in range(P)]
+            expected = rank_order_reduce([xs[j] for j in order], op)
+            assert result.tobytes() == expected.tobytes()
+
+
+def test_large_non_contiguous_inputs_are_reduced_too():
+    xs = [x.reshape(-1, 2)[:, 0] for x in summands(3, simulated.PARALLEL_MIN_BYTES // 4)]
+    for result in run_per_rank(3, dist.all_reduce, xs):
+        assert result.tobytes() == rank_order_reduce(xs, "sum").tobytes()
+
+
+def test_large_results_are_reused_only_once_dropped():
+    n = simulated.PARALLEL_MIN_BYTES // 8
+
+    def fn():
+        x = np.full(n, dist.rank() + 1.0)
+        kept = dist.all_reduce(x)
+        view = dist.all_reduce(x * 2)[::2]  # a view keeps its array in use
+        fresh = dist.all_reduce(x * 3)
+        for other in (kept, view):
+            assert not np.shares_memory(fresh, other)
+        address = fresh.ctypes.data
+        del fresh
+        again = dist.all_reduce(x * 4)
+        return kept[0], view[0], again[0], again.ctypes.data == address
+
+    for kept, view, again, reused in dist.run(fn, 2):
+        assert (kept, view, again) == (3.0, 6.0, 12.0)
+        assert reused
+
+
+def test_array_pool_gives_back_only_arrays_no_one_holds():
+    torch = pytest.importorskip("torch")
+    from chainrule.dist.buffers import ArrayPool
+
+    pool = ArrayPool()
+    shape = (1 << 18,)
+    wrappers = [
+        lambda a: a[1:],
+        lambda a: a.reshape(2, -1),
+        Tensor,
+        torch.from_numpy,
+        memoryview,
+        lambda a: [a],
+    ]
+    for wrap in wrappers:
+        array = pool.empty(shape, np.float64)
+        address = array.ctypes.data
+        holder = wrap(array)
+        del array
+        other = pool.empty(shape, np.float64)
+        assert other.ctypes.data != address, f"reused while held by {holder!r:.40}"
+        del holder, other
+        assert pool.empty(shape, np.float64).ctypes.data == address
+    assert pool.kept_bytes == 2 * np.zeros(shape).nbytes  # two arrays took turns
+    assert pool.empty((4,), np.float64).shape == (4,)  # small arrays are not kept
+    assert pool.kept_bytes == 2 * np.zeros(shape).nbytes
+    pool.clear()
+    assert pool.kept_bytes == 0

@@ -117,6 +117,8 @@ def to_numpy(x: Any) -> tuple[np.ndarray | None, Restore]:
 
     ``None`` (a non-source rank of broadcast or scatter) stays ``None``.
     """
+    if type(x) is np.ndarray and x.dtype.kind in "biufc":  # the common case, first
+        return x, _as_array
     if x is None:
         return None, _as_array
     if is_chainrule_tensor(x):
@@ -134,16 +136,18 @@ def to_numpy(x: Any) -> tuple[np.ndarray | None, Restore]:
 
 def check_reducible(array: np.ndarray, op: ReduceOp) -> None:
     """Raise TypeError where ``op`` has no meaning for ``array``'s dtype."""
-    check_reducible_kind(array.dtype.kind, str(array.dtype), op)
+    kind = array.dtype.kind
+    if kind in "bciu":
+        check_reducible_kind(kind, array.dtype, op)
 
 
-def check_reducible_kind(kind: str, dtype_name: str, op: ReduceOp) -> None:
+def check_reducible_kind(kind: str, dtype: Any, op: ReduceOp) -> None:
     """Raise TypeError where ``op`` has no meaning for a dtype of numpy kind ``kind``."""
     if kind == "b":
         raise TypeError(f"cannot reduce a boolean array with {op}; convert it to int or float")
     if op is ReduceOp.AVG and kind in "iu":
         raise TypeError(
-            f"ReduceOp.AVG of an integer array ({dtype_name}) is not an integer; "
+            f"ReduceOp.AVG of an integer array ({dtype}) is not an integer; "
             "reduce with SUM and divide, or convert to float first"
         )
     if op is ReduceOp.MAX and kind == "c":

@@ -33,6 +33,7 @@ import numpy as np
 
 from chainrule.dist import api
 from chainrule.dist.api import ReduceOp, Restore
+from chainrule.dist.buffers import ArrayPool
 from chainrule.dist.errors import CollectiveError, RankError
 from chainrule.dist.trace import CollectiveEvent, Trace
 
@@ -43,11 +44,15 @@ JOIN_GRACE = 0.5
 """Seconds a failed run waits for ranks still in their own code, before interrupting them
 (and then again for the interrupted ones)."""
 
+PARALLEL_MIN_BYTES = 1 << 21
+"""From this size on, an all-reduce is computed by all ranks' threads together, each a slice
+(numpy releases the GIL while it adds), instead of by the last rank to arrive alone."""
+
 BLOCK_ELEMENTS = 32768
 """Elements per block of a reduction: the partial result of a block stays in the L2 cache
 while every rank's block is added to it and it is copied out to every rank."""
 
-_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.MAX: np.maximum}
+_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum}  # by ReduceOp.value
 
 
 class _Aborted(CollectiveError):
@@ -89,7 +94,7 @@ class _Call:
 class _Round:
     """The k-th collective of the run, while the ranks meet in it."""
 
-    __slots__ = ("seq", "calls", "arrived", "started", "done", "results")
+    __slots__ = ("seq", "calls", "arrived", "started", "done", "results", "work", "working")
 
     def __init__(self, seq: int, world_size: int) -> None:
         self.seq = seq
@@ -98,6 +103,8 @@ class _Round:
         self.started = time.monotonic()
         self.done = False
         self.results: list[Any] = [None] * world_size
+        self.work: Callable[[int], None] | None = None  # each rank's share of the work
+        self.working = 0  # ranks still doing their share
 
     def name(self) -> str:
         call = next(c for c in self.calls if c is not None)
@@ -132,6 +139,7 @@ class SimulatedWorld:
         self.trace = trace
         self._running = threading.Lock()
         self._lock = threading.Lock()  # guards the state of the run below
+        self._buffers = ArrayPool()  # large results, reused within a run
         self._reset(trace)
 
     def _reset(self, trace: Trace | None) -> None:
@@ -204,6 +212,7 @@ class SimulatedWorld:
                 raise error from None
             return self._results
         finally:
+            self._buffers.clear()
             self._running.release()
 
     def _rank_main(
@@ -324,10 +333,11 @@ class SimulatedWorld:
                 rnd = self._rounds[seq] = _Round(seq, self.world_size)
             rnd.calls[rank] = _Call(op, params, array, restore)
             rnd.arrived += 1
-            gone = [r for r, made in self._returned.items() if made <= seq]
-            if gone:
-                self._fail_locked(self._left_early(rnd, gone[0]))
-                raise _Aborted(self._failure)
+            if self._returned:
+                gone = [r for r, made in self._returned.items() if made <= seq]
+                if gone:
+                    self._fail_locked(self._left_early(rnd, gone[0]))
+                    raise _Aborted(self._failure)
             last = rnd.arrived == self.world_size
             if last:
                 del self._rounds[seq]  # complete: nobody looks it up again
@@ -339,7 +349,9 @@ class SimulatedWorld:
         calls: list[_Call] = rnd.calls  # type: ignore[assignment]
         try:
             tracing = self._active_trace is not None
-            results, event = _compute(calls, seq, self.deterministic, tracing)
+            results, event, work = _compute(
+                calls, seq, self.deterministic, tracing, self._buffers.empty
+            )
         except CollectiveError as exc:
             self._fail(str(exc))
             raise _Aborted(str(exc)) from None
@@ -352,10 +364,37 @@ class SimulatedWorld:
             if event is not None:
                 self._active_trace.record(event)
             rnd.results = results
-            rnd.done = True
+            if work is None:
+                rnd.done = True
+            else:  # large data: every rank computes its share, in parallel
+                rnd.work = work
+                rnd.working = self.world_size
             for r in range(self.world_size):
                 self._wake_locked(r)
+        if work is not None:
+            self._share_work(rnd, rank)
         return results[rank]
+
+    def _share_work(self, rnd: _Round, rank: int) -> None:
+        """Do this rank's share of ``rnd.work``, then wait until every rank has done its own."""
+        try:
+            rnd.work(rank)
+        except BaseException as exc:
+            self._fail(f"{rnd.name()} failed: {type(exc).__name__}: {exc}")
+            raise
+        with self._lock:
+            rnd.working -= 1
+            if rnd.working == 0:
+                rnd.done = True
+                for r in range(self.world_size):
+                    self._wake_locked(r)
+                return
+            if self._failure is not None:
+                raise _Aborted(self._failure)
+            self._sleeping[rank] = True
+        self._wake[rank].acquire()
+        if not rnd.done:
+            raise _Aborted(self._failure)
 
     def _wait(self, rnd: _Round, rank: int) -> tuple[Any, Restore]:
         """Sleep until the last rank completes ``rnd``, the run fails, or the time is up."""
@@ -379,6 +418,9 @@ class SimulatedWorld:
                 self._fail_locked(self._timed_out(rnd))
                 raise _Aborted(self._failure)
         if rnd.done:
+            return rnd.results[rank]
+        if rnd.work is not None and self._failure is None:
+            self._share_work(rnd, rank)
             return rnd.results[rank]
         raise _Aborted(self._failure)
 
@@ -503,9 +545,10 @@ def _check_divisible(
 
 
 def _compute(
-    calls: list[_Call], seq: int, deterministic: bool, tracing: bool
-) -> tuple[list[tuple[Any, Restore]], CollectiveEvent | None]:
-    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer).
+    calls: list[_Call], seq: int, deterministic: bool, tracing: bool, empty: Empty
+) -> tuple[list[tuple[Any, Restore]], CollectiveEvent | None, Work | None]:
+    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer),
+    the trace event, and the work left to share between the ranks (None: results complete).
 
     The checks compare with plain loops first (the common case: everything agrees) and only
     group the ranks by value to write the error message when something differs.
@@ -514,7 +557,7 @@ def _compute(
     op = first.op
     if any(c.op != op for c in calls):
         _check_same_op(calls, seq)
-    name = f"{op} #{seq}"
+    name = _Name(op, seq)
     if op == "scatter":  # only the source knows the axis of a scatter
         params = first.params[:1]
         if any(c.params[:1] != params for c in calls):
@@ -530,7 +573,7 @@ def _compute(
         kwargs = dict(calls[src].params)
         if op == "broadcast":
             _check_like_source(arrays, src, name)
-        results = _COMPUTE[op](arrays, src, kwargs)
+        results, work = _COMPUTE[op](arrays, kwargs, deterministic, empty)
         restore = calls[src].restore
         nbytes = arrays[src].nbytes
     else:
@@ -539,7 +582,7 @@ def _compute(
             if any(a.dtype != a0.dtype or a.shape != a0.shape for a in arrays):
                 _check_same(arrays, name, "dtype", lambda a: a.dtype)
                 _check_same(arrays, name, "shape", lambda a: a.shape)
-        results = _COMPUTE[op](arrays, deterministic, kwargs)
+        results, work = _COMPUTE[op](arrays, kwargs, deterministic, empty)
         restore = _RESTORE_ARRAY
         nbytes = max((a.nbytes for a in arrays if a is not None), default=0)
     event = None
@@ -554,10 +597,23 @@ def _compute(
             ranks=tuple(range(len(calls))),
             kwargs=kwargs,
         )
-    return [(result, restore) for result in results], event
+    return [(result, restore) for result in results], event, work
 
 
 _RESTORE_ARRAY = api.to_numpy(None)[1]
+
+
+class _Name:
+    """ "all_reduce #3", formatted only when an error message needs it."""
+
+    __slots__ = ("op", "seq")
+
+    def __init__(self, op: str, seq: int) -> None:
+        self.op = op
+        self.seq = seq
+
+    def __str__(self) -> str:
+        return f"{self.op} #{self.seq}"
 
 
 def _check_same_op(calls: list[_Call], seq: int) -> str:
@@ -572,7 +628,7 @@ def _check_same_op(calls: list[_Call], seq: int) -> str:
     return groups[0][0]
 
 
-def _check_same_params(params: list[tuple], name: str) -> None:
+def _check_same_params(params: list[tuple], name: _Name) -> None:
     groups = _group(params)
     shown = "; ".join(
         f"{_ranks(rs)}: " + ", ".join(f"{k}={_show(v)}" for k, v in p) for p, rs in groups
@@ -585,7 +641,7 @@ def _show(value: Any) -> str:
 
 
 def _check_same(
-    arrays: list[np.ndarray], name: str, what: str, key: Callable[[np.ndarray], Any]
+    arrays: list[np.ndarray], name: _Name, what: str, key: Callable[[np.ndarray], Any]
 ) -> None:
     groups = _group([key(a) for a in arrays])
     if len(groups) > 1:
@@ -597,7 +653,7 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _check_like_source(arrays: list[np.ndarray | None], src: int, name: str) -> None:
+def _check_like_source(arrays: list[np.ndarray | None], src: int, name: _Name) -> None:
     source = arrays[src]
     for r, a in enumerate(arrays):
         if a is None or r == src:
@@ -620,7 +676,7 @@ def _reduce(sources: Sequence[np.ndarray], op: ReduceOp, outs: Sequence[np.ndarr
     cache while the next rank's block is added and while it is copied out: one pass over the
     inputs and one over the outputs, no temporary array.
     """
-    ufunc = _UFUNCS[op]
+    ufunc = _UFUNCS[op.value]
     first = outs[0]
     scale = len(sources) if op is ReduceOp.AVG else None
     if all(a.flags.c_contiguous for a in sources) and first.size > BLOCK_ELEMENTS:
@@ -651,65 +707,114 @@ def _reduce_block(
         np.copyto(other, out)
 
 
-def _all_reduce(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""Allocates a result array (:meth:`chainrule.dist.buffers.ArrayPool.empty`)."""
+
+Work = Callable[[int], None]
+"""``work(r)``: rank r's share of filling the results, run in rank r's thread."""
+
+Out = tuple[list[Any], Work | None]
+"""What a collective computes: every rank's result, and the work still to do on them."""
+
+
+def _copies(source: np.ndarray, count: int, empty: Empty) -> list[np.ndarray]:
+    outs = []
+    for _ in range(count):
+        out = empty(source.shape, source.dtype)
+        np.copyto(out, source)
+        outs.append(out)
+    return outs
+
+
+def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
     op: ReduceOp = kwargs["op"]
     P = len(arrays)
-    outs = [np.empty_like(arrays[0], order="C") for _ in range(P)]
-    if deterministic or P <= 2 or op is ReduceOp.MAX:  # order cannot matter for P ≤ 2 or max
+    outs = [empty(arrays[0].shape, arrays[0].dtype) for _ in range(P)]
+    same_order = deterministic or P <= 2 or op is ReduceOp.MAX  # order matters for P ≥ 3 sums
+    parallel = P > 1 and arrays[0].nbytes >= PARALLEL_MIN_BYTES
+    if same_order and parallel and all(a.flags.c_contiguous for a in arrays):
+        flat_in = [a.reshape(-1) for a in arrays]
+        flat_out = [o.reshape(-1) for o in outs]
+        step = -(-arrays[0].size // (P * BLOCK_ELEMENTS)) * BLOCK_ELEMENTS
+
+        def share(rank: int) -> None:  # rank r reduces the r-th slice for everyone
+            part = slice(rank * step, (rank + 1) * step)
+            _reduce([a[part] for a in flat_in], op, [o[part] for o in flat_out])
+
+        return outs, share
+    if same_order:
         _reduce(arrays, op, outs)
-    else:
-        for r in range(P):
-            _reduce([arrays[j] for j in _ring_order(r, P)], op, outs[r : r + 1])
-    return outs
+        return outs, None
+
+    def own_order(rank: int) -> None:  # rank r sums in its ring order r, r+1, ..., r−1
+        _reduce([arrays[j] for j in _ring_order(rank, P)], op, outs[rank : rank + 1])
+
+    if parallel:
+        return outs, own_order
+    for r in range(P):
+        own_order(r)
+    return outs, None
 
 
 def _chunks(array: np.ndarray, parts: int, axis: int) -> list[np.ndarray]:
     return np.split(array, parts, axis=axis)
 
 
-def _reduce_scatter(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+def _reduce_scatter(
+    arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty
+) -> Out:
     op: ReduceOp = kwargs["op"]
-    axis: int = kwargs["axis"]
     P = len(arrays)
-    chunked = [_chunks(a, P, axis) for a in arrays]
+    chunked = [_chunks(a, P, kwargs["axis"]) for a in arrays]
     outs = []
     for r in range(P):
         order = range(P) if deterministic else _ring_order(r, P)
         sources = [chunked[j][r] for j in order]
-        out = np.empty(sources[0].shape, arrays[0].dtype)
+        out = empty(sources[0].shape, arrays[0].dtype)
         _reduce(sources, op, [out])
         outs.append(out)
-    return outs
+    return outs, None
 
 
-def _all_gather(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
-    gathered = np.concatenate(arrays, axis=kwargs["axis"])
-    return [gathered] + [gathered.copy() for _ in arrays[1:]]
+def _all_gather(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+    axis = kwargs["axis"]
+    shape = list(arrays[0].shape)
+    shape[axis] *= len(arrays)
+    gathered = np.concatenate(arrays, axis=axis, out=empty(tuple(shape), arrays[0].dtype))
+    return [gathered, *_copies(gathered, len(arrays) - 1, empty)], None
 
 
-def _all_to_all(arrays: list[np.ndarray], deterministic: bool, kwargs: dict) -> list:
+def _all_to_all(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
     P = len(arrays)
+    concat_axis = kwargs["concat_axis"]
     chunked = [_chunks(a, P, kwargs["split_axis"]) for a in arrays]
-    return [
-        np.concatenate([chunked[j][r] for j in range(P)], axis=kwargs["concat_axis"])
+    shape = list(chunked[0][0].shape)
+    shape[concat_axis] *= P
+    outs = [
+        np.concatenate(
+            [chunked[j][r] for j in range(P)],
+            axis=concat_axis,
+            out=empty(tuple(shape), arrays[0].dtype),
+        )
         for r in range(P)
     ]
+    return outs, None
 
 
-def _barrier(arrays: list[None], deterministic: bool, kwargs: dict) -> list:
-    return [None] * len(arrays)
+def _barrier(arrays: list[None], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+    return [None] * len(arrays), None
 
 
-def _broadcast(arrays: list[np.ndarray | None], src: int, kwargs: dict) -> list:
-    source = arrays[src]
-    return [np.array(source, copy=True, order="C") for _ in arrays]
+def _broadcast(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+    return _copies(arrays[kwargs["src"]], len(arrays), empty), None
 
 
-def _scatter(arrays: list[np.ndarray | None], src: int, kwargs: dict) -> list:
-    return [chunk.copy() for chunk in _chunks(arrays[src], len(arrays), kwargs["axis"])]
+def _scatter(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+    chunks = _chunks(arrays[kwargs["src"]], len(arrays), kwargs["axis"])
+    return [_copies(chunk, 1, empty)[0] for chunk in chunks], None
 
 
-_COMPUTE: dict[str, Callable[..., list]] = {
+_COMPUTE: dict[str, Callable[..., Out]] = {
     "all_reduce": _all_reduce,
     "reduce_scatter": _reduce_scatter,
     "all_gather": _all_gather,
