@@ -147,9 +147,14 @@ def matmul(a: ArrayLike, b: ArrayLike) -> Tensor:
     need_a, need_b = a.requires_grad, b.requires_grad
 
     if ad.ndim == 2 and bd.ndim == 2:
+        # b = Wᵀ (a transposed view): compute b̄ = (ḡᵀ a)ᵀ so that W̄ = ḡᵀ a is contiguous.
+        b_is_transposed = bd.flags.f_contiguous and not bd.flags.c_contiguous
 
         def vjp_2d(g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-            return (g @ bd.T if need_a else None), (ad.T @ g if need_b else None)
+            ga = g @ bd.T if need_a else None
+            if not need_b:
+                return ga, None
+            return ga, ((g.T @ ad).T if b_is_transposed else ad.T @ g)
 
         return Tensor.from_op(out, (a, b), vjp_2d, "matmul")
 

@@ -36,7 +36,9 @@ def tanh(a: ArrayLike) -> Tensor:
     out = np.tanh(a.data)
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (g * (1 - out * out),)
+        d = 1 - out * out
+        d *= g  # in place: one large temporary fewer
+        return (d,)
 
     return Tensor.from_op(out, (a,), vjp, "tanh")
 

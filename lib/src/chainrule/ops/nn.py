@@ -90,7 +90,8 @@ def cross_entropy(
         )
 
     shifted, e, total = _stable_exp(z, -1)
-    picked = np.take_along_axis(shifted, t[..., None], axis=-1)[..., 0]
+    rows, cols = np.arange(t.size), t.reshape(-1)  # position i, class t_i (flattened)
+    picked = shifted.reshape(-1, n_classes)[rows, cols].reshape(t.shape)
     losses = np.log(total[..., 0]) - picked  # ℓ_i
     if mask is None:
         weights = None
@@ -109,8 +110,8 @@ def cross_entropy(
     out = np.asarray(loss * scale, dtype=z.dtype)
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        grad = e / total
-        np.put_along_axis(grad, t[..., None], np.take_along_axis(grad, t[..., None], -1) - 1, -1)
+        grad = e / total  # softmax
+        grad.reshape(-1, n_classes)[rows, cols] -= 1  # - onehot (a view of the fresh array)
         c = g * scale
         if weights is not None:
             c = (c * weights)[..., None]
