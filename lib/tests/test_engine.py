@@ -139,6 +139,14 @@ def test_backward_twice_accumulates_into_grad(rng):
     np.testing.assert_allclose(first, 2 * x.data)
 
 
+def test_two_leaves_never_share_a_gradient_array(rng):
+    a = Tensor(rng.standard_normal(3), requires_grad=True)
+    b = Tensor(rng.standard_normal(3), requires_grad=True)
+    (a + b).sum().backward()
+    a.grad *= 2  # an in-place update (clipping, all-reduce) of one gradient
+    np.testing.assert_array_equal(b.grad, np.ones(3))
+
+
 def test_numpy_and_number_operands_on_either_side(rng):
     x = Tensor(rng.standard_normal(3), requires_grad=True)
     a = rng.standard_normal(3)

@@ -25,7 +25,9 @@ def add(a: ArrayLike, b: ArrayLike) -> Tensor:
     sa, sb = a.data.shape, b.data.shape
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return unbroadcast(g, sa), unbroadcast(g, sb)
+        ga, gb = unbroadcast(g, sa), unbroadcast(g, sb)
+        # Two leaves must not share one .grad array (an in-place update of one would change both).
+        return ga, (gb.copy() if gb is ga else gb)
 
     return Tensor.from_op(out, (a, b), vjp, "add")
 
