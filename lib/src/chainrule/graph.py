@@ -49,10 +49,12 @@ class Node:
 
     @property
     def is_leaf(self) -> bool:
+        """An input or parameter (computed by no op)."""
         return self.op == "leaf"
 
     @property
     def is_routing(self) -> bool:
+        """A concat / split / stack: its VJP moves gradient slices, no arithmetic."""
         return self.op in ROUTING_OPS
 
     @property
@@ -121,9 +123,11 @@ class Graph:
         return cls(nodes=nodes, edges=edges, root=ids[tensor])
 
     def parents(self, node: int) -> list[int]:
+        """Ids of the nodes ``node`` reads (repeated when it reads one twice)."""
         return [p for p, c in self.edges if c == node]
 
     def children(self, node: int) -> list[int]:
+        """Ids of the nodes that read ``node`` (repeated when one reads it twice)."""
         return [c for p, c in self.edges if p == node]
 
     def fan_out_nodes(self) -> list[Node]:

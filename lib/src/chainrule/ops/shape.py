@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from chainrule.ops._operands import operand
-from chainrule.tensor import ArrayLike, Tensor
+from chainrule.tensor import VJP, ArrayLike, Tensor
 
 
 def reshape(a: ArrayLike, shape: int | Sequence[int]) -> Tensor:
@@ -134,6 +134,8 @@ def split(
     """
     a = operand(a)
     shape = a.data.shape
+    if not shape:
+        raise ValueError("split: cannot split a scalar (shape ())")
     ax = axis % a.data.ndim
     length = shape[ax]
     if isinstance(sections_or_sizes, int):
@@ -166,7 +168,7 @@ def split(
     return tuple(pieces)
 
 
-def _split_vjp(shape: tuple[int, ...], ax: int, start: int, stop: int, dtype: np.dtype) -> Any:
+def _split_vjp(shape: tuple[int, ...], ax: int, start: int, stop: int, dtype: np.dtype) -> VJP:
     """The VJP of one piece of a split: its gradient in its slot of the concat, zeros elsewhere."""
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
