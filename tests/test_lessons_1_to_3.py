@@ -83,10 +83,12 @@ def test_start_page_links_every_lesson_and_exercise():
     text = _markdown(LESSONS["start"])
     lesson_links = re.findall(r"\]\((\d\d_[a-z_]+\.ipynb)\)", text)
     assert [name[:2] for name in lesson_links] == ["01", "02", "03", "04", "05", "06", "07"]
-    for name in lesson_links[:3]:
-        assert (COURSE / name).is_file()
+    for name in lesson_links:
+        assert (COURSE / name).is_file(), f"the start page links to a missing {name}"
     exercise_links = re.findall(r"\(\.\./release/check_yourself/([^)]+)\)", text)
     assert EXERCISES and sorted(exercise_links) == EXERCISES
+    for name in exercise_links:
+        assert (REPO / "release" / "check_yourself" / name).is_file(), f"missing release {name}"
     assert "Validate" in text and "Assignment List" in text and "Submit" in text
 
 
