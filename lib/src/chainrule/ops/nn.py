@@ -235,7 +235,11 @@ def batch_norm(
     ``y = (x - μ_B)/√(σ²_B + ε) · w + b`` with the mean and *biased* variance over axis 0
     (as PyTorch in training mode; for an input (N, C) this is exactly ``F.batch_norm``).
     Every output depends on every example of the batch, which is why splitting the batch
-    across ranks changes the function. VJP, with ``x̂ = (x - μ_B)·r``: ``x̄ = r·(ĝ - mean_B(ĝ)
-    - x̂·mean_B(ĝ·x̂))``, ``w̄ = Σ_B ḡ·x̂``, ``b̄ = Σ_B ḡ``.
+    across ranks changes the function. VJP, with ``x̂ = (x - μ_B)·r``, ``r = 1/√(σ²_B + ε)``
+    and ``ĝ = ḡ·w``, means taken over the batch:
+
+        x̄ = r·(ĝ - mean_B(ĝ) - x̂·mean_B(ĝ·x̂)),   w̄ = Σ_B ḡ·x̂,   b̄ = Σ_B ḡ.
+
+    The input may have more axes (N, …); each position after axis 0 is normalised on its own.
     """
     return _normalized(operand(x), 0, weight, bias, eps, centre=True, op="batch_norm")
