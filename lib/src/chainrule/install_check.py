@@ -271,7 +271,11 @@ def restart_hint_check(shell: Any = None, prefix: str | Path | None = None) -> C
     if config.is_file() and HINT_EXTENSION in config.read_text():
         return Check(name, True, f"{HINT_EXTENSION} is enabled in {config}")
     return Check(
-        name, False, f"not enabled: run `%load_ext {HINT_EXTENSION}` or re-run `make install`"
+        name,
+        False,
+        f"not enabled: run `%load_ext {HINT_EXTENSION}` here, or put "
+        f'`c.InteractiveShellApp.extensions = ["{HINT_EXTENSION}"]` in {config} '
+        "(what `make install` writes) for every kernel",
     )
 
 
