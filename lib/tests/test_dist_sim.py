@@ -694,3 +694,21 @@ def test_array_pool_gives_back_only_arrays_no_one_holds():
     assert pool.kept_bytes == 2 * np.zeros(shape).nbytes
     pool.clear()
     assert pool.kept_bytes == 0
+
+
+def test_ctrl_c_while_waiting_stops_every_rank():
+    import os
+    import signal
+
+    def fn():
+        if dist.rank() == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C or a notebook's interrupt sends
+        if dist.rank() == 1:
+            while True:  # busy in its own code: interrupted by an injected exception
+                time.sleep(0.01)
+        dist.barrier()
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        dist.run(fn, 3, timeout=20)
+    assert time.monotonic() - start < 5

@@ -164,6 +164,29 @@ def test_tensor_kinds_come_back_as_they_went_in():
         assert isinstance(scalar, np.ndarray) and scalar.shape == () and scalar == 1.0
 
 
+def native_reduce_scatter():
+    backend = dist.api.current_backend()
+    backend.reduce_scatter_via_all_reduce = False  # gloo's own reduce-scatter, as on NCCL
+    try:
+        return every_collective()
+    finally:
+        backend.reduce_scatter_via_all_reduce = True
+
+
+def test_the_native_reduce_scatter_path_matches_numpy_too():
+    check_against(dist.run(native_reduce_scatter, 2, backend="gloo"), expected_results(2), False)
+
+
+def test_what_ranks_print_is_shown_in_rank_order(capsys):
+    def fn():
+        print(f"hello from rank {dist.rank()}")
+        return dist.rank()
+
+    capsys.readouterr()
+    assert dist.run(fn, 2, backend="gloo") == [0, 1]
+    assert capsys.readouterr().out == "hello from rank 0\nhello from rank 1\n"
+
+
 def test_trace_on_gloo_matches_the_simulation():
     gloo, sim = dist.Trace(), dist.Trace()
     dist.run(every_collective, 2, backend="gloo", trace=gloo)

@@ -192,11 +192,11 @@ class SimulatedWorld:
                 )
                 for r in range(self.world_size)
             ]
-            for thread in threads:
-                thread.start()
             try:
+                for thread in threads:
+                    thread.start()
                 self._over.wait()
-            except BaseException:  # KeyboardInterrupt while waiting: stop every rank
+            except BaseException:  # KeyboardInterrupt while starting or waiting: stop every rank
                 self._fail("the run was interrupted")
                 self._stop(threads)
                 raise
@@ -293,6 +293,7 @@ class SimulatedWorld:
 
     def _stop(self, threads: list[threading.Thread]) -> None:
         """Join every rank thread; interrupt those still running their own code."""
+        threads = [t for t in threads if t.ident is not None]  # started
         if self._failure is None:
             for thread in threads:
                 thread.join()
