@@ -70,6 +70,22 @@ def test_constants_read_twice_are_not_marked_as_gradient_sums(rng):
     assert node.fan_out == 2 and not node.sums_gradients and node.kind == "constant"
 
 
+def test_scalar_constants_show_their_value_or_can_be_left_out(rng):
+    x = Tensor(rng.standard_normal(2), requires_grad=True, name="x")
+    loss = (x * 7.25 + x).sum()
+    full = Graph.from_tensor(loss)
+    (constant,) = [n for n in full.nodes if n.kind == "constant"]
+    assert constant.value == 7.25 and constant.label.splitlines() == ["7.25", "constant"]
+    lean = Graph.from_tensor(loss, scalar_constants=False)
+    assert len(lean.nodes) == len(full.nodes) - 1
+    assert all(n.kind != "constant" for n in lean.nodes)
+    assert sorted(n.id for n in lean.nodes) == list(range(len(lean.nodes)))
+    assert all(p < len(lean.nodes) and c < len(lean.nodes) for p, c in lean.edges)
+    assert by_name(lean, "x").fan_out == 2
+    assert "7.25" not in to_dot(loss, scalar_constants=False) and "7.25" in to_dot(loss)
+    assert len(draw(loss, scalar_constants=False).axes[0].texts) == len(lean.nodes)
+
+
 def test_concat_and_split_are_routing_nodes(data_parallel_loss):
     _, _, loss = data_parallel_loss
     graph = Graph.from_tensor(loss)

@@ -46,6 +46,7 @@ class Node:
     name: str | None
     requires_grad: bool
     fan_out: int  # how many times ops in the graph read this value
+    value: float | None = None  # the number, for a scalar constant (shown instead of "leaf")
 
     @property
     def is_leaf(self) -> bool:
@@ -77,7 +78,12 @@ class Node:
     def label(self) -> str:
         """Text of the node: name (or op), op and shape, and the marks."""
         shape = "×".join(str(n) for n in self.shape) or "scalar"
-        lines = [self.name, f"{self.op} {shape}"] if self.name else [self.op, shape]
+        if self.value is not None and self.kind == "constant":
+            lines = [self.name or f"{self.value:.4g}", "constant"]
+        elif self.name:
+            lines = [self.name, f"{self.op} {shape}"]
+        else:
+            lines = [self.op, shape]
         if self.is_routing:
             lines.append("routing")
         if self.sums_gradients:
@@ -97,15 +103,24 @@ class Graph:
     root: int
 
     @classmethod
-    def from_tensor(cls, tensor: Tensor, names: Mapping[Tensor, str] | None = None) -> Graph:
+    def from_tensor(
+        cls,
+        tensor: Tensor,
+        names: Mapping[Tensor, str] | None = None,
+        scalar_constants: bool = True,
+    ) -> Graph:
         """The graph of every tensor ``tensor`` was computed from.
 
         Labels come from ``names`` (a mapping tensor → name) or else from ``Tensor.name``.
+        With ``scalar_constants=False`` the scalar constant leaves (the ``2`` of ``x * 2``)
+        are left out: they carry no gradient and only clutter a picture.
         """
         names = names or {}
         order = _all_tensors(tensor)
+        if not scalar_constants:
+            order = [t for t in order if not _is_scalar_constant(t)]
         ids = {t: i for i, t in enumerate(order)}
-        edges = [(ids[p], ids[t]) for t in order for p in t.parents]
+        edges = [(ids[p], ids[t]) for t in order for p in t.parents if p in ids]
         fan_out = [0] * len(order)
         for parent, _ in edges:
             fan_out[parent] += 1
@@ -117,6 +132,7 @@ class Graph:
                 name=names.get(t, t.name),
                 requires_grad=t.requires_grad,
                 fan_out=fan_out[i],
+                value=float(t.data) if _is_scalar_constant(t) else None,
             )
             for i, t in enumerate(order)
         ]
@@ -178,6 +194,10 @@ def _barycentre(node: int, neighbours: list[int], position: dict[int, float]) ->
     return sum(position[n] for n in neighbours) / len(neighbours)
 
 
+def _is_scalar_constant(t: Tensor) -> bool:
+    return t.op == "leaf" and not t.requires_grad and t.data.ndim == 0
+
+
 def _all_tensors(root: Tensor) -> list[Tensor]:
     """Every tensor reachable from ``root`` through ``parents``, parents first (iterative DFS)."""
     order: list[Tensor] = []
@@ -196,6 +216,14 @@ def _all_tensors(root: Tensor) -> list[Tensor]:
     return order
 
 
+def _graph(
+    tensor: Tensor | Graph, names: Mapping[Tensor, str] | None, scalar_constants: bool
+) -> Graph:
+    if isinstance(tensor, Graph):
+        return tensor
+    return Graph.from_tensor(tensor, names, scalar_constants=scalar_constants)
+
+
 # -- DOT -------------------------------------------------------------------------------------
 
 
@@ -203,9 +231,13 @@ def _dot_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(tensor: Tensor | Graph, names: Mapping[Tensor, str] | None = None) -> str:
+def to_dot(
+    tensor: Tensor | Graph,
+    names: Mapping[Tensor, str] | None = None,
+    scalar_constants: bool = True,
+) -> str:
     """Graphviz DOT text of the graph behind ``tensor`` (leaves at the top, root at the bottom)."""
-    graph = tensor if isinstance(tensor, Graph) else Graph.from_tensor(tensor, names)
+    graph = _graph(tensor, names, scalar_constants)
     lines = [
         "digraph chainrule {",
         "  rankdir=TB;",
@@ -239,17 +271,19 @@ def draw(
     ax: Any = None,
     names: Mapping[Tensor, str] | None = None,
     legend: bool = True,
+    scalar_constants: bool = True,
 ) -> Any:
     """Draw the graph behind ``tensor`` with matplotlib and return the figure.
 
     Leaves at the top, the root at the bottom; fan-out nodes in orange with ``Σ fan-out ×k``,
-    routing nodes in green. With ``ax=None`` a new figure is made (not registered with pyplot,
+    routing nodes in green, scalar constants by their value (or left out with
+    ``scalar_constants=False``). With ``ax=None`` a new figure is made (not registered with pyplot,
     so a notebook shows it once, as the cell's value).
     """
     from matplotlib.figure import Figure
     from matplotlib.patches import FancyBboxPatch, Patch
 
-    graph = tensor if isinstance(tensor, Graph) else Graph.from_tensor(tensor, names)
+    graph = _graph(tensor, names, scalar_constants)
     rows = graph.layers()
     width = max(len(row) for row in rows)
     if ax is None:
@@ -325,12 +359,16 @@ class SVG:
         return self.text
 
 
-def to_svg(tensor: Tensor | Graph, names: Mapping[Tensor, str] | None = None) -> SVG:
+def to_svg(
+    tensor: Tensor | Graph,
+    names: Mapping[Tensor, str] | None = None,
+    scalar_constants: bool = True,
+) -> SVG:
     """The picture of :func:`draw` as SVG text (text kept as text, not glyph outlines)."""
     from matplotlib import rc_context
 
     with rc_context({"svg.fonttype": "none"}):
-        figure = draw(tensor, names=names)
+        figure = draw(tensor, names=names, scalar_constants=scalar_constants)
         buffer = io.StringIO()
         figure.savefig(buffer, format="svg", bbox_inches="tight")
     return SVG(buffer.getvalue())
