@@ -7,6 +7,8 @@ the same P=2 (and P=4) pool; the failure tests that must stop a pool come last.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -24,14 +26,6 @@ pytestmark = pytest.mark.skipif(
 
 def children() -> list:
     return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def close_pools_and_check_no_process_is_left():
-    yield
-    dist.shutdown()
-    time.sleep(0.1)
-    assert [p for p in children() if p.status() != psutil.STATUS_ZOMBIE] == []
 
 
 # -- every collective, against numpy and the simulated world ----------------------------------
@@ -268,7 +262,7 @@ def test_backends_report_what_is_available():
     assert torch_backend.auto_backend(2) == expected
 
 
-# -- failures that stop a pool (last: the next call starts a fresh one) -----------------------
+# -- failures that stop a pool, and shutdown (last: the next call starts a fresh pool) --------
 
 
 def test_an_exception_while_others_wait_is_a_rank_error_and_stops_the_pool():
@@ -295,7 +289,7 @@ def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
         if dist.rank() == 0:
             dist.all_reduce(np.ones(2))  # rank 1 never joins
 
-    dist.run(dist.rank, 2, backend="gloo")  # start the pool outside the timed part
+    assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]  # a fresh pool after a stop
     old = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
     start = time.monotonic()
     with pytest.raises(dist.CollectiveError) as info:
@@ -307,15 +301,34 @@ def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
     )
     assert not {p.pid for p in children()} & set(old)
     assert ("gloo", 2) not in torch_backend._pools
-    assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]  # a fresh pool starts
 
 
 def test_shutdown_stops_every_worker():
-    dist.run(dist.rank, 2, backend="gloo")
+    assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
     assert children()
     dist.shutdown()
     assert torch_backend._pools == {}
     assert [p for p in children() if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+@pytest.mark.slow
+def test_workers_end_with_the_process_that_started_them(tmp_path):
+    script = (
+        "import psutil\n"
+        "from chainrule import dist\n"
+        "assert dist.run(dist.rank, 2, backend='gloo') == [0, 1]\n"
+        "print(' '.join(str(p.pid) for p in psutil.Process().children()))\n"
+    )  # and exit without calling dist.shutdown()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
 # -- NCCL: one GPU per rank -------------------------------------------------------------------
