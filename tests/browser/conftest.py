@@ -1,0 +1,143 @@
+"""Fixtures of the browser tests: one JupyterLab on a temporary course copy, headless Chromium.
+
+- ``lab_server`` (session): the course copied into a temporary folder and served by
+  ``jupyter lab`` with its own exchange, Jupyter folders and settings (see ``lab_server.py``);
+  stopped, kernels included, at the end of the session.
+- ``chromium`` (session): Debian's ``/usr/bin/chromium`` driven by Playwright. Without it the
+  tests are skipped, except in CI (``CI`` set), where that is a failure.
+- ``lab`` (per test): a new page, on a fresh JupyterLab workspace, wrapped in ``LabPage``.
+- ``released_assignment`` (session): the instructor's ``nbgrader generate_assignment`` and
+  ``release_assignment`` of ``check_yourself`` in the course copy.
+
+Screenshots go to ``test-artifacts/browser/`` (git-ignored): the pages a test records as it
+goes, and ``<test>__FAILED.png`` when a test fails. The server log is kept there too.
+``BROWSER_TESTS_COURSE`` names another course folder to serve instead of this repository.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from lab_page import LabPage
+from lab_server import LabServer
+from playwright.sync_api import BrowserContext, sync_playwright
+
+REPO = Path(__file__).resolve().parents[2]
+# The course that is copied and served; another checkout can be named for trying the harness.
+COURSE = Path(os.environ.get("BROWSER_TESTS_COURSE", REPO))
+ARTIFACTS = REPO / "test-artifacts" / "browser"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+ASSIGNMENT = "check_yourself"
+VIEWPORT = {"width": 1400, "height": 900}
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    """The screenshots folder, emptied of the previous run's screenshots."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):
+        old.unlink()
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def chromium_path() -> Path:
+    """Debian's chromium; a missing browser skips locally and fails in CI."""
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI must install it", pytrace=False)
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def lab_server(
+    chromium_path: Path, artifacts: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LabServer]:
+    """JupyterLab serving a temporary copy of the course; no process left after the session."""
+    workdir = tmp_path_factory.mktemp("lab")
+    server = LabServer.start(COURSE, workdir, artifacts / "jupyter-server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+        leftover = server.leftover_processes()
+        assert not leftover, f"processes left running after the server stopped: {leftover}"
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def chromium(chromium_path: Path) -> Iterator[BrowserContext]:
+    """One headless Chromium context for the session: pages share its HTTP cache, so only the
+    first test downloads JupyterLab's scripts; each test still opens its own page."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(chromium_path), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield browser.new_context(viewport=VIEWPORT)
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def lab(
+    chromium: BrowserContext,
+    lab_server: LabServer,
+    artifacts: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[LabPage]:
+    """A new page on the course's JupyterLab (fresh workspace); its kernels end with the test."""
+    page = chromium.new_page()
+    lab_page = LabPage(page, lab_server, artifacts, request.node.name)
+    request.node.lab_page = lab_page
+    try:
+        yield lab_page
+    finally:
+        page.close()
+        lab_server.shutdown_kernels()
+
+
+@pytest.fixture(scope="session")
+def released_assignment(lab_server: LabServer) -> str:
+    """The instructor generates and releases ``check_yourself`` into the temporary exchange."""
+    for command in (
+        ("nbgrader", "generate_assignment", ASSIGNMENT, "--force"),
+        ("nbgrader", "release_assignment", ASSIGNMENT, "--force"),
+    ):
+        result = lab_server.run(*command)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0 and "[ERROR]" not in output, (
+            f"{' '.join(command)} failed:\n{output}"
+        )
+    return ASSIGNMENT
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """On a failing test, save a screenshot of its page as ``<test>__FAILED.png``."""
+    outcome = yield
+    report = outcome.get_result()
+    lab_page = getattr(item, "lab_page", None)
+    if report.failed and report.when in ("setup", "call") and lab_page is not None:
+        path = lab_page.artifacts / f"{lab_page.test_name}__FAILED.png"
+        try:
+            lab_page.page.screenshot(path=str(path), full_page=True)
+        except Exception as error:  # noqa: BLE001 - a failed screenshot must not hide the failure
+            report.sections.append(("screenshot", f"no screenshot: {error}"))
+        else:
+            report.sections.append(("screenshot", str(path)))
