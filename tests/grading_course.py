@@ -9,10 +9,12 @@ helpers below (answers written in, test cells edited or deleted, files corrupted
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,8 +131,27 @@ class TinyCourse:
         return self.root / "submitted" / student / self.assignment
 
 
-def make_course(root: Path, cell_timeout: int = 3, extra_config: str = "") -> TinyCourse:
-    """Write the course into ``root`` and generate the release and the gradebook."""
+_GENERATED: dict[tuple[int, str], Path] = {}
+
+
+def make_course(root: Path, cell_timeout: int = 4, extra_config: str = "") -> TinyCourse:
+    """Write the course into ``root`` with its release and gradebook generated.
+
+    The first call with given settings runs ``generate_assignment``; later calls copy that
+    result (the copy's ``nbgrader_config.py`` finds its own folder, so it is a course of its own).
+    """
+    key = (cell_timeout, extra_config)
+    if key not in _GENERATED or not _GENERATED[key].exists():
+        template = Path(tempfile.mkdtemp(prefix="tiny-course-")) / "course"
+        atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
+        _write_course(template, cell_timeout, extra_config)
+        generate(template, ASSIGNMENT)
+        _GENERATED[key] = template
+    shutil.copytree(_GENERATED[key], root, dirs_exist_ok=True)
+    return TinyCourse(root)
+
+
+def _write_course(root: Path, cell_timeout: int, extra_config: str) -> None:
     root.mkdir(parents=True, exist_ok=True)
     config = (REPO / "nbgrader_config.py").read_text()
     config += f"\n# tests: short limits\nc.Execute.timeout = {cell_timeout}\n{extra_config}\n"
@@ -139,8 +160,6 @@ def make_course(root: Path, cell_timeout: int = 3, extra_config: str = "") -> Ti
     source.mkdir(parents=True)
     for name, nb in source_notebooks().items():
         nbformat.write(nb, source / f"{name}.ipynb")
-    generate(root, ASSIGNMENT)
-    return TinyCourse(root)
 
 
 def generate(root: Path, assignment: str) -> None:

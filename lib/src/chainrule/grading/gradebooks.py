@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +75,26 @@ def _merge_one(src: Gradebook, dst: Gradebook, assignment: str, student_id: str)
 
 
 def merge_submissions(
-    source_url: str, target_url: str, course_id: str, assignment: str, students: Iterable[str]
+    sources: Sequence[tuple[str, str]], target_url: str, course_id: str, assignment: str
 ) -> None:
-    """Write the submissions of ``students`` from gradebook ``source_url`` into ``target_url``."""
-    with (
-        Gradebook(source_url, course_id) as src,
-        Gradebook(target_url, course_id) as dst,
-        warnings.catch_warnings(),
-    ):
-        # nbgrader's add_submission builds rows under autoflush, which SQLAlchemy warns about
-        # (the rows are added by cascade all the same).
-        warnings.simplefilter("ignore", SAWarning)
-        for student in students:
-            _merge_one(src, dst, assignment, student)
+    """Write each ``(student, source_url)`` submission into the gradebook ``target_url``.
+
+    Students are added in the order given, so that listings ordered by insertion (nbgrader's
+    export) come out as they would after grading one after another.
+    """
+    opened: dict[str, Gradebook] = {}
+    try:
+        with Gradebook(target_url, course_id) as dst, warnings.catch_warnings():
+            # nbgrader's add_submission builds rows under autoflush, which SQLAlchemy warns
+            # about (the rows are added by cascade all the same).
+            warnings.simplefilter("ignore", SAWarning)
+            for student, source_url in sources:
+                if source_url not in opened:
+                    opened[source_url] = Gradebook(source_url, course_id)
+                _merge_one(opened[source_url], dst, assignment, student)
+    finally:
+        for gradebook in opened.values():
+            gradebook.close()
 
 
 def snapshot(db_url: str, course_id: str, assignment: str) -> dict[str, Any]:

@@ -53,18 +53,19 @@ def _work(
         report(outcome)
 
 
-def merge_back(job: GradingJob, target: GradingTarget, outcomes: Sequence[StudentOutcome]) -> None:
-    """Write one worker's students into the course gradebook and autograded folder."""
-    assert target.db_url is not None and target.autograded is not None
-    students = [o.student for o in outcomes]
-    merge_submissions(
-        target.db_url, job.layout.db_url, job.layout.course_id, job.assignment, students
-    )
-    for student in students:
-        final = job.autograded_dir(student, GradingTarget())
+def merge_back(
+    job: GradingJob, targets: Sequence[GradingTarget], outcomes: Sequence[StudentOutcome]
+) -> None:
+    """Write every worker's students, in the order given, into the course gradebook and move
+    their autograded folders into the course's."""
+    by_index = {target.index: target for target in targets}
+    sources = [(o.student, by_index[o.worker].db_url or "") for o in outcomes]
+    merge_submissions(sources, job.layout.db_url, job.layout.course_id, job.assignment)
+    for outcome in outcomes:
+        final = job.autograded_dir(outcome.student, GradingTarget())
         if final.exists():
             shutil.rmtree(final)
-        staged = job.autograded_dir(student, target)
+        staged = job.autograded_dir(outcome.student, by_index[outcome.worker])
         if staged.exists():
             final.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(staged), str(final))
@@ -89,9 +90,7 @@ def grade_in_parallel(
             thread.start()
         for thread in threads:
             thread.join()
-        for target in targets:
-            mine = [o for o in results.values() if o.worker == target.index]
-            merge_back(job, target, mine)
+        merge_back(job, targets, [results[s] for s in students])
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return [results[s] for s in students]
