@@ -89,7 +89,8 @@ class Tensor:
         requires a gradient and grad mode is on.
         """
         out = cls.__new__(cls)
-        out.data = data
+        # numpy returns 0-d results as immutable scalars; keep .data an array like a leaf's.
+        out.data = data if type(data) is np.ndarray else np.asarray(data)
         out.grad = None
         out.op = op
         out._retain = False
@@ -159,7 +160,7 @@ class Tensor:
             if g is None:  # no path carried a gradient here (every VJP on the way gave None)
                 continue
             if node._vjp is None or node._retain:
-                node.grad = g if node.grad is None else node.grad + g
+                node.grad = np.asarray(g if node.grad is None else node.grad + g)
                 if node._vjp is None:
                     continue
             for parent, pg in zip(node._parents, node._vjp(g), strict=True):
