@@ -91,6 +91,7 @@ def test_no_sync_makes_one_all_reduce_instead_of_k():
     lazy = acc.accumulation_traffic(world, k, no_sync=True)
     assert synced.all_reduces == k and lazy.all_reduces == 1
     assert synced.bytes_sent == k * lazy.bytes_sent > 0
+    assert synced.trace.ops() == ["all_reduce"] * k and lazy.trace.ops() == ["all_reduce"]
     full = acc.full_batch_gradient(world, k)
     for rank in range(world):
         for a, b, f in zip(synced.grads[rank], lazy.grads[rank], full, strict=True):

@@ -288,7 +288,7 @@ def build_fp16_widget(
 class SyncTraffic:
     """One data-parallel accumulation step: the collectives it made and the gradients.
 
-    ``all_reduces``: all-reduces recorded by the :class:`chainrule.dist.Trace`;
+    ``all_reduces``: all-reduces recorded in ``trace`` (a :class:`chainrule.dist.Trace`);
     ``bytes_sent``: their payload per rank; ``grads[p]``: rank p's averaged gradients.
     """
 
@@ -298,6 +298,7 @@ class SyncTraffic:
     all_reduces: int
     bytes_sent: int
     grads: list[list[np.ndarray]]
+    trace: dist.Trace
 
 
 def _accumulation_step(k: int, no_sync: bool, seed: int) -> list[np.ndarray]:
@@ -316,7 +317,13 @@ def accumulation_traffic(world_size: int, k: int, no_sync: bool, seed: int = 0) 
     trace = dist.Trace()
     grads = dist.run(_accumulation_step, world_size, args=(k, no_sync, seed), trace=trace)
     return SyncTraffic(
-        world_size, k, no_sync, trace.count("all_reduce"), trace.total_bytes("all_reduce"), grads
+        world_size,
+        k,
+        no_sync,
+        trace.count("all_reduce"),
+        trace.total_bytes("all_reduce"),
+        grads,
+        trace,
     )
 
 
