@@ -144,8 +144,12 @@ def refresh_feedback(job: GradingJob, outcomes: Sequence[StudentOutcome]) -> dic
     return errors
 
 
-def run_batch(options: BatchOptions, stream: TextIO = sys.stdout) -> BatchResult:
-    """Grade, flag, give feedback, export and summarise one assignment (see the module doc)."""
+def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResult:
+    """Grade, flag, give feedback, export and summarise one assignment (see the module doc).
+
+    Progress and the summary go to ``stream`` (standard output by default).
+    """
+    stream = stream or sys.stdout
     root = Path(options.course_root).resolve()
     out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
     job = make_job(options, out_dir)

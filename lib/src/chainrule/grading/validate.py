@@ -66,9 +66,10 @@ def validate_notebook(
     notebook: str | Path,
     course_root: str | Path | None = None,
     overrides: list[str] | None = None,
-    stream: TextIO = sys.stdout,
+    stream: TextIO | None = None,
 ) -> int:
     """Validate ``notebook``, print nbgrader's report; 0 if it passed, 1 if not, 2 if missing."""
+    stream = stream or sys.stdout
     path = Path(notebook)
     if not path.is_file():
         print(f"no such notebook: {path}", file=stream)

@@ -1,0 +1,64 @@
+"""``python -m chainrule.grading validate``: nbgrader's report, and an exit status that means it.
+
+``nbgrader validate`` exits 0 even when tests fail (nbgrader #1908); ours exits 1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import nbformat
+import pytest
+from chainrule.grading.__main__ import main
+from chainrule.grading.config import grading_env
+from grading_course import answer, make_course, solve
+
+
+@pytest.fixture(scope="module")
+def notebooks(tmp_path_factory):
+    course = make_course(tmp_path_factory.mktemp("validate") / "course")
+    work = course.root / "work"
+    work.mkdir()
+    solved = {name: course.release(name) for name in ("squares", "doubles")}
+    solve(solved)
+    nbformat.write(solved["doubles"], work / "solved.ipynb")
+    nbformat.write(course.release("doubles"), work / "blank.ipynb")
+    edited = course.release("doubles")
+    solve({"doubles": edited})
+    answer(edited, "test_double", "pass")
+    nbformat.write(edited, work / "edited_test.ipynb")
+    return course.root, work
+
+
+def test_a_passing_notebook_exits_zero(notebooks, capsys):
+    root, work = notebooks
+    assert main(["validate", str(work / "solved.ipynb"), "--course-root", str(root)]) == 0
+    assert "Success! Your notebook passes all the tests." in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_locked_cell_changed_exits_one(notebooks, capsys):
+    root, work = notebooks
+    assert main(["validate", str(work / "edited_test.ipynb"), "--course-root", str(root)]) == 1
+    assert "has changed" in capsys.readouterr().out
+
+
+def test_a_missing_notebook_exits_two(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "nope.ipynb")]) == 2
+
+
+@pytest.mark.slow
+def test_the_command_exits_one_when_a_test_fails(notebooks):
+    root, work = notebooks
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainrule.grading", "validate", "work/blank.ipynb"],
+        cwd=root,  # the course's nbgrader_config.py is found in the working folder
+        env=grading_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "VALIDATION FAILED ON 1 CELL(S)!" in proc.stdout
+    assert "NotImplementedError" in proc.stdout  # nbgrader's report shows the failing cell
