@@ -31,6 +31,7 @@ import json
 import linecache
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -454,6 +455,9 @@ def worker_main() -> None:
     tasks = Connection(read_fd, writable=False)
     replies = Connection(write_fd, readable=False)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    # Ctrl-C in a terminal, or interrupting a notebook kernel, signals the whole process
+    # group. The parent decides: it stops the pool if a run was interrupted.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import torch
         import torch.distributed as torch_dist
