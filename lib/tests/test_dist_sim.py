@@ -535,6 +535,33 @@ def test_a_rank_stuck_in_a_loop_is_interrupted():
     assert "barrier #0 timed out" in message and "rank 1 was still running" in message
 
 
+def test_a_rank_left_over_from_a_failed_run_cannot_disturb_the_next():
+    world = dist.SimulatedWorld(2, timeout=0.1)
+
+    def first():
+        if dist.rank() == 1:
+            time.sleep(1.5)  # cannot be interrupted: outlives the failed run
+            dist.barrier()  # ...and then calls a collective during the next run
+            return "stale"
+        dist.barrier()
+
+    with pytest.raises(dist.CollectiveError) as info:
+        world.run(first)
+    assert any("rank 1 could not be interrupted" in note for note in info.value.__notes__)
+
+    def second():
+        total = 0.0
+        for _ in range(40):
+            time.sleep(0.03)
+            total += dist.all_reduce(1.0)
+        return total
+
+    world.timeout = 5.0
+    assert world.run(second) == [80.0, 80.0]
+    for thread in rank_threads():
+        thread.join(2)
+
+
 def test_timeout_is_configurable():
     def fn():
         time.sleep(0.3 * (dist.rank() == 0))

@@ -64,7 +64,7 @@ class _Interrupted(CollectiveError):
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    """ "rank 2" or "ranks 0, 1, 3"."""
+    """Ranks for a message: 'rank 2' or 'ranks 0, 1, 3'."""
     ranks = sorted(ranks)
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
@@ -140,10 +140,12 @@ class SimulatedWorld:
         self._running = threading.Lock()
         self._lock = threading.Lock()  # guards the state of the run below
         self._buffers = ArrayPool()  # large results, reused within a run
+        self._generation = 0  # which run the state below belongs to
         self._reset(trace)
 
     def _reset(self, trace: Trace | None) -> None:
         P = self.world_size
+        self._generation += 1  # a thread left over from an earlier run must not touch this one
         self._active_trace = trace
         self._next_seq = [0] * P
         self._rounds: dict[int, _Round] = {}
@@ -186,7 +188,7 @@ class SimulatedWorld:
             threads = [
                 threading.Thread(
                     target=self._rank_main,
-                    args=(r, fn, args, kwargs),
+                    args=(_SimRank(self, r, self._generation), fn, args, kwargs),
                     name=f"chainrule-sim-rank-{r}",
                     daemon=True,
                 )
@@ -216,20 +218,23 @@ class SimulatedWorld:
             self._running.release()
 
     def _rank_main(
-        self, rank: int, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
+        self, me: _SimRank, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
     ) -> None:
-        api.set_thread_backend(_SimRank(self, rank))
+        api.set_thread_backend(me)
         try:
-            self._results[rank] = fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - every exception goes back to the caller
-            self._rank_raised(rank, exc)
+            self._rank_raised(me, exc)
         else:
-            self._rank_returned(rank)
+            self._rank_returned(me, result)
         finally:
             api.set_thread_backend(None)
 
-    def _rank_raised(self, rank: int, exc: BaseException) -> None:
+    def _rank_raised(self, me: _SimRank, exc: BaseException) -> None:
+        rank = me.rank()
         with self._lock:
+            if me.generation != self._generation:
+                return  # a rank of an earlier run that could not be interrupted in time
             self._finished += 1
             if self._finished == self.world_size:
                 self._over.set()
@@ -242,8 +247,12 @@ class SimulatedWorld:
                 self._failed_rank = rank
                 self._fail_locked(f"rank {rank} raised {type(exc).__name__}: {exc}")
 
-    def _rank_returned(self, rank: int) -> None:
+    def _rank_returned(self, me: _SimRank, result: Any) -> None:
+        rank = me.rank()
         with self._lock:
+            if me.generation != self._generation:
+                return  # a rank of an earlier run that could not be interrupted in time
+            self._results[rank] = result
             self._finished += 1
             if self._finished == self.world_size:
                 self._over.set()
@@ -314,7 +323,7 @@ class SimulatedWorld:
 
     def collective(
         self,
-        rank: int,
+        me: _SimRank,
         op: str,
         params: tuple,
         array: np.ndarray | None,
@@ -324,7 +333,10 @@ class SimulatedWorld:
 
         The result comes from :data:`_COMPUTE` [op], run once by the last rank to arrive.
         """
+        rank = me.rank()
         with self._lock:
+            if me.generation != self._generation:
+                raise _Aborted("this rank belongs to a run that has already ended")
             if self._failure is not None:
                 raise _Aborted(self._failure)
             seq = self._next_seq[rank]
@@ -442,11 +454,12 @@ class SimulatedWorld:
 class _SimRank:
     """One rank of a :class:`SimulatedWorld`: the backend of the collectives in its thread."""
 
-    __slots__ = ("world", "_rank")
+    __slots__ = ("world", "_rank", "generation")
 
-    def __init__(self, world: SimulatedWorld, rank: int) -> None:
+    def __init__(self, world: SimulatedWorld, rank: int, generation: int) -> None:
         self.world = world
         self._rank = rank
+        self.generation = generation
 
     def rank(self) -> int:
         return self._rank
@@ -454,15 +467,10 @@ class _SimRank:
     def world_size(self) -> int:
         return self.world.world_size
 
-    def _meet(self, op: str, params: tuple, x: Any) -> Any:
-        array, restore = api.to_numpy(x)
-        result, restore = self.world.collective(self._rank, op, params, array, restore)
-        return restore(result)
-
     def all_reduce(self, x: Any, op: ReduceOp) -> Any:
         array, restore = api.to_numpy(x)
         api.check_reducible(array, op)
-        result, _ = self.world.collective(self._rank, "all_reduce", (("op", op),), array, restore)
+        result, _ = self.world.collective(self, "all_reduce", (("op", op),), array, restore)
         return restore(result)
 
     def all_gather(self, x: Any, axis: int) -> Any:
@@ -470,9 +478,7 @@ class _SimRank:
         if array.ndim == 0:
             array = array.reshape(1)
         axis = api.normalize_axis(axis, array.ndim, "axis")
-        result, _ = self.world.collective(
-            self._rank, "all_gather", (("axis", axis),), array, restore
-        )
+        result, _ = self.world.collective(self, "all_gather", (("axis", axis),), array, restore)
         return restore(result)
 
     def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any:
@@ -480,7 +486,7 @@ class _SimRank:
         api.check_reducible(array, op)
         axis = _check_divisible(array, axis, self.world.world_size, "reduce_scatter")
         result, _ = self.world.collective(
-            self._rank, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
+            self, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
         )
         return restore(result)
 
@@ -491,7 +497,7 @@ class _SimRank:
         )
         concat_axis = api.normalize_axis(concat_axis, array.ndim, "concat_axis")
         params = (("split_axis", split_axis), ("concat_axis", concat_axis))
-        result, _ = self.world.collective(self._rank, "all_to_all", params, array, restore)
+        result, _ = self.world.collective(self, "all_to_all", params, array, restore)
         return restore(result)
 
     def broadcast(self, x: Any, src: int) -> Any:
@@ -500,7 +506,7 @@ class _SimRank:
         if array is None and self._rank == src:
             raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
         result, src_restore = self.world.collective(
-            self._rank, "broadcast", (("src", src),), array, restore
+            self, "broadcast", (("src", src),), array, restore
         )
         return (restore if x is not None else src_restore)(result)
 
@@ -513,11 +519,11 @@ class _SimRank:
                 raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
             axis = _check_divisible(array, axis, self.world.world_size, "scatter")
             params = (("src", src), ("axis", axis))
-        result, src_restore = self.world.collective(self._rank, "scatter", params, array, restore)
+        result, src_restore = self.world.collective(self, "scatter", params, array, restore)
         return (restore if x is not None else src_restore)(result)
 
     def barrier(self) -> None:
-        self.world.collective(self._rank, "barrier", (), None, api.to_numpy(None)[1])
+        self.world.collective(self, "barrier", (), None, api.to_numpy(None)[1])
 
 
 def _check_src(src: int, world_size: int) -> int:
@@ -605,7 +611,7 @@ _RESTORE_ARRAY = api.to_numpy(None)[1]
 
 
 class _Name:
-    """ "all_reduce #3", formatted only when an error message needs it."""
+    """The name of a collective in messages, 'all_reduce #3', formatted only when needed."""
 
     __slots__ = ("op", "seq")
 
