@@ -59,6 +59,11 @@ def test_a_ratio_of_p_is_not_claimed_without_ranks():
     assert "received 2 times the expected value everywhere" in message
 
 
+def test_a_constant_ratio_is_not_claimed_for_a_single_number():
+    assert "Likely mistake" not in failure(fb.expect_close, 0.3, 1.0, "max_difference")
+    assert "P = 2 times" in failure(fb.expect_close, 2.0, 1.0, "the mean", ranks=2)
+
+
 def test_a_wrong_sign_is_named():
     expected = RNG.standard_normal((3, 2))
     message = failure(fb.expect_close, -expected, expected, "w.grad", ranks=2)
@@ -78,7 +83,7 @@ def test_the_plain_mean_of_means_is_named_with_the_token_weights():
         tokens=tokens,
         local_means=local_means,
     )
-    assert "plain mean of the local means" in message
+    assert "plain mean of the local means. It weighs every rank equally" in message
     assert "rank 0: 1/1800 instead of 1/1200" in message
     assert "rank 1: 1/600 instead of 1/1200" in message
 
@@ -97,7 +102,7 @@ def test_a_missing_division_by_the_token_count_is_named():
     message = failure(
         fb.expect_close, weighted_sum, expected, "g", tokens=tokens, local_means=local_means
     )
-    assert "divide it by the global token count ΣT = 12" in message
+    assert "count-weighted sum: divide it by the global count ΣT = 12" in message
     message = failure(fb.expect_close, weighted_sum, expected, "g", tokens=tokens)
     assert "received ΣT = 12 times the expected value" in message
 

@@ -154,13 +154,13 @@ def _token_diagnoses(
             f"rank {p}: 1/{len(counts) * c:g} instead of 1/{total:g}" for p, c in enumerate(counts)
         )
         return [
-            "received the plain mean of the local means, which weighs every rank equally and so "
-            f"every token on rank p by 1/(P·T_p) ({per_rank}). Weigh each local mean by its "
-            "token count T_p and divide by the global count ΣT"
+            "received the plain mean of the local means. It weighs every rank equally, so each "
+            f"of rank p's T_p tokens (or examples) gets 1/(P·T_p) ({per_rank}). Weigh each "
+            "local mean by its count T_p and divide by the global count ΣT"
         ]
     if weighted_sum.shape == r.shape and _matches(r, weighted_sum) and not _matches(r, e):
         return [
-            "received Σ_p T_p·m_p, the token-weighted sum: divide it by the global token count "
+            "received Σ_p T_p·m_p, the count-weighted sum: divide it by the global count "
             f"ΣT = {counts.sum():g}"
         ]
     return []
@@ -195,11 +195,11 @@ def _ratio_diagnoses(
         if total > 1 and _matches(r, total * e):
             return [
                 f"received ΣT = {total:g} times the expected value: the division by the global "
-                "token count was left out"
+                "count was left out"
             ]
     if _matches(r, -e):
         return ["received the negative of the expected value: a wrong sign"]
-    ratio = _constant_ratio(r, e)
+    ratio = _constant_ratio(r, e) if e.size > 1 else None
     if ratio is not None:
         return [
             f"received {ratio:.6g} times the expected value everywhere: the direction is right "
@@ -254,7 +254,7 @@ def expect_close(
     )
     message = f"{what}: expected {show(as_array(expected))}, received "
     message += "None" if received is None else show(as_array(received))
-    raise AssertionError(message + "." + "".join(f"\nLikely mistake: {h}." for h in hints))
+    raise AssertionError(message + "".join(f"\nLikely mistake: {h}." for h in hints))
 
 
 def expect_equal(received: Any, expected: Any, what: str, hint: str | None = None) -> None:
