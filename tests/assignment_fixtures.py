@@ -1,0 +1,254 @@
+"""Submissions of the ``check_yourself`` assignment, built from its release, and their grading.
+
+A submission is the release notebook with its solution cells filled in: with the instructor's
+solutions (from ``source/``), or with a fixture variant from
+``tests/fixtures/check_yourself/<notebook>.py`` that replaces some of them. Grading always
+happens in a temporary copy of the course (``make_course``), never in the repository's own
+gradebook, ``submitted/`` or ``autograded/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+ASSIGNMENT = "check_yourself"
+NOTEBOOKS = (
+    "ex1_equal_shards",
+    "ex2_uneven_tokens",
+    "ex3_norms",
+    "ex4_all_gather_backward",
+    "ex5_conjugate_pair",
+)
+SOURCE_DIR = REPO / "source" / ASSIGNMENT
+RELEASE_DIR = REPO / "release" / ASSIGNMENT
+FIXTURE_DIR = REPO / "tests" / "fixtures" / ASSIGNMENT
+COURSE_ID = "autograd-distributed"
+
+
+# -- cells ---------------------------------------------------------------------------------------
+
+
+def grade_id(cell: nbformat.NotebookNode) -> str | None:
+    """The nbgrader grade id of a cell (None for a cell nbgrader does not track)."""
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _flags(cell: nbformat.NotebookNode) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def is_code_solution(cell: nbformat.NotebookNode) -> bool:
+    """A code cell the student writes in."""
+    return cell.cell_type == "code" and bool(_flags(cell).get("solution"))
+
+
+def is_test(cell: nbformat.NotebookNode) -> bool:
+    """An autograded test cell: a graded, locked code cell that is not a solution."""
+    flags = _flags(cell)
+    return cell.cell_type == "code" and bool(flags.get("grade")) and not flags.get("solution")
+
+
+def is_written_answer(cell: nbformat.NotebookNode) -> bool:
+    """A manually graded answer: a markdown cell that is both a solution and graded."""
+    flags = _flags(cell)
+    return cell.cell_type == "markdown" and bool(flags.get("grade")) and bool(flags.get("solution"))
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    return nbformat.read(path, as_version=4)
+
+
+def graded_test_ids(notebook: str) -> list[str]:
+    """The grade ids of the autograded test cells of a notebook, in order."""
+    nb = read_notebook(SOURCE_DIR / f"{notebook}.ipynb")
+    return [grade_id(c) for c in nb.cells if is_test(c)]
+
+
+def instructor_solutions(notebook: str) -> dict[str, str]:
+    """The instructor's code of every solution cell of a notebook, by grade id."""
+    nb = read_notebook(SOURCE_DIR / f"{notebook}.ipynb")
+    return {grade_id(c): c.source for c in nb.cells if is_code_solution(c)}
+
+
+# -- fixture variants ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A submission of one notebook: solution cells replaced, and the test cells it must lose."""
+
+    notebook: str
+    name: str
+    cells: Mapping[str, str]
+    loses: frozenset[str]
+    message: str | None = None  # a phrase the feedback of a wrong variant must contain
+
+    @property
+    def is_right(self) -> bool:
+        return not self.loses
+
+
+def load_variants(notebook: str) -> dict[str, Variant]:
+    """The variants of ``tests/fixtures/check_yourself/<notebook>.py``, by name."""
+    path = FIXTURE_DIR / f"{notebook}.py"
+    spec = importlib.util.spec_from_file_location(f"check_yourself_fixture_{notebook}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {
+        name: Variant(notebook, name, dict(v["cells"]), frozenset(v["loses"]), v.get("message"))
+        for name, v in module.VARIANTS.items()
+    }
+
+
+def build_submission(
+    notebook: str, replacements: Mapping[str, str] | None = None, instructor: bool = True
+) -> nbformat.NotebookNode:
+    """The release notebook with its solution cells filled in.
+
+    Cells named in ``replacements`` get that code; the others get the instructor's solution
+    (``instructor=True``) or keep the release's stub. A replacement for a cell that is not a
+    code solution cell of the notebook is an error.
+    """
+    nb = read_notebook(RELEASE_DIR / f"{notebook}.ipynb")
+    replacements = dict(replacements or {})
+    solutions = instructor_solutions(notebook) if instructor else {}
+    solution_ids = {grade_id(c) for c in nb.cells if is_code_solution(c)}
+    unknown = set(replacements) - solution_ids
+    if unknown:
+        raise ValueError(f"{notebook}: no solution cells {sorted(unknown)}; has {solution_ids}")
+    for cell in nb.cells:
+        if is_code_solution(cell):
+            cell_id = grade_id(cell)
+            code = replacements.get(cell_id, solutions.get(cell_id, cell.source))
+            cell.source = code.strip("\n")
+    return nb
+
+
+# -- a temporary course --------------------------------------------------------------------------
+
+
+def grading_env() -> dict[str, str]:
+    """The environment for nbgrader: this interpreter's bin/ on PATH (nbgrader runs alembic),
+    a fixed hash seed and one BLAS thread per process."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.update(MKL_NUM_THREADS="1", MPLBACKEND="Agg")
+    return env
+
+
+def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run ``nbgrader <args>`` in ``course``; raise with its log if it fails."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=course,
+        env=grading_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"nbgrader {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-6000:]}"
+        )
+    return result
+
+
+def make_course(root: Path) -> Path:
+    """A copy of the course under ``root`` (config and this assignment's source) whose gradebook
+    knows the assignment (``generate_assignment`` has run there)."""
+    course = root / "course"
+    (course / "source").mkdir(parents=True)
+    shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
+    shutil.copytree(SOURCE_DIR, course / "source" / ASSIGNMENT)
+    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
+    return course
+
+
+def write_submission(
+    course: Path, student: str, notebooks: Mapping[str, nbformat.NotebookNode]
+) -> None:
+    """Place a student's notebooks where ``nbgrader collect`` would: submitted/<student>/..."""
+    folder = course / "submitted" / student / ASSIGNMENT
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, nb in notebooks.items():
+        nbformat.write(nb, folder / f"{name}.ipynb")
+
+
+def autograde(course: Path, students: Iterable[str], workers: int = 2) -> list:
+    """Autograde (or regrade) the students' submissions with the course's grading pipeline.
+
+    :func:`chainrule.grading.run_batch` grades each student in a time- and memory-limited
+    child process, ``workers`` at a time, and returns one outcome per student with a status
+    per notebook ("graded", or "failed: <reason>" when nbgrader could not grade it).
+    """
+    from chainrule.grading import BatchOptions, run_batch
+
+    options = BatchOptions(
+        assignment=ASSIGNMENT,
+        course_root=course,
+        workers=workers,
+        students=list(students),
+        feedback=False,
+        out_dir=course / "grades" / ASSIGNMENT,
+    )
+    return run_batch(options, stream=io.StringIO()).outcomes
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellScore:
+    """One graded cell of one autograded notebook."""
+
+    grade_id: str
+    score: float | None
+    max_score: float
+    autograded: bool
+    error: str | None  # the error the cell raised while grading, if any
+
+
+def cell_scores(course: Path, student: str, notebook: str) -> dict[str, CellScore]:
+    """The graded cells of a student's notebook with their scores and grading errors."""
+    from nbgrader.api import Gradebook
+
+    errors = cell_errors(course, student, notebook)
+    url = f"sqlite:///{course / 'gradebook.db'}"
+    with Gradebook(url, COURSE_ID) as gradebook:
+        submission = gradebook.find_submission_notebook(notebook, ASSIGNMENT, student)
+        return {
+            g.name: CellScore(
+                grade_id=g.name,
+                score=g.score,
+                max_score=g.max_score,
+                autograded=g.cell_type == "code",
+                error=errors.get(g.name),
+            )
+            for g in submission.grades
+        }
+
+
+def cell_errors(course: Path, student: str, notebook: str) -> dict[str, str]:
+    """The error each cell of the autograded notebook raised: 'Name: message', by grade id."""
+    path = course / "autograded" / student / ASSIGNMENT / f"{notebook}.ipynb"
+    nb = json.loads(path.read_text())
+    errors = {}
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                cell_id = grade_id(nbformat.from_dict(cell))
+                errors[cell_id] = f"{output['ename']}: {output['evalue']}"
+    return errors
