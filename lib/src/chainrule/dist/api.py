@@ -163,6 +163,29 @@ def normalize_axis(axis: int, ndim: int, what: str) -> int:
     return int(axis) % ndim
 
 
+def check_src(src: int, world_size: int) -> int:
+    """``src`` as the int rank it must be, or TypeError/ValueError."""
+    if isinstance(src, bool) or not isinstance(src, int | np.integer):
+        raise TypeError(f"src must be an int rank, got {src!r}")
+    if not 0 <= src < world_size:
+        raise ValueError(f"src={src} is not a rank of a world of size {world_size}")
+    return int(src)
+
+
+def check_divisible(value: Any, axis: int, world_size: int, op: str, what: str = "axis") -> int:
+    """``axis`` of ``value`` (a numpy array or torch tensor), which must split into
+    ``world_size`` equal chunks, one per rank; ValueError or IndexError otherwise."""
+    if value.ndim == 0:
+        raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
+    axis = normalize_axis(axis, value.ndim, what)
+    if value.shape[axis] % world_size:
+        raise ValueError(
+            f"{op}: {what}={axis} has length {value.shape[axis]}, which does not divide into "
+            f"{world_size} equal chunks (one per rank)"
+        )
+    return axis
+
+
 # -- dispatch ---------------------------------------------------------------------------------
 
 

@@ -484,7 +484,7 @@ class _SimRank:
     def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any:
         array, restore = api.to_numpy(x)
         api.check_reducible(array, op)
-        axis = _check_divisible(array, axis, self.world.world_size, "reduce_scatter")
+        axis = api.check_divisible(array, axis, self.world.world_size, "reduce_scatter")
         result, _ = self.world.collective(
             self, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
         )
@@ -492,7 +492,7 @@ class _SimRank:
 
     def all_to_all(self, x: Any, split_axis: int, concat_axis: int) -> Any:
         array, restore = api.to_numpy(x)
-        split_axis = _check_divisible(
+        split_axis = api.check_divisible(
             array, split_axis, self.world.world_size, "all_to_all", "split_axis"
         )
         concat_axis = api.normalize_axis(concat_axis, array.ndim, "concat_axis")
@@ -501,7 +501,7 @@ class _SimRank:
         return restore(result)
 
     def broadcast(self, x: Any, src: int) -> Any:
-        src = _check_src(src, self.world.world_size)
+        src = api.check_src(src, self.world.world_size)
         array, restore = api.to_numpy(x)
         if array is None and self._rank == src:
             raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
@@ -511,41 +511,19 @@ class _SimRank:
         return (restore if x is not None else src_restore)(result)
 
     def scatter(self, x: Any, src: int, axis: int) -> Any:
-        src = _check_src(src, self.world.world_size)
+        src = api.check_src(src, self.world.world_size)
         array, restore = api.to_numpy(x)
         params: tuple = (("src", src),)
         if self._rank == src:
             if array is None:
                 raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
-            axis = _check_divisible(array, axis, self.world.world_size, "scatter")
+            axis = api.check_divisible(array, axis, self.world.world_size, "scatter")
             params = (("src", src), ("axis", axis))
         result, src_restore = self.world.collective(self, "scatter", params, array, restore)
         return (restore if x is not None else src_restore)(result)
 
     def barrier(self) -> None:
         self.world.collective(self, "barrier", (), None, api.to_numpy(None)[1])
-
-
-def _check_src(src: int, world_size: int) -> int:
-    if isinstance(src, bool) or not isinstance(src, int | np.integer):
-        raise TypeError(f"src must be an int rank, got {src!r}")
-    if not 0 <= src < world_size:
-        raise ValueError(f"src={src} is not a rank of a world of size {world_size}")
-    return int(src)
-
-
-def _check_divisible(
-    array: np.ndarray, axis: int, world_size: int, op: str, what: str = "axis"
-) -> int:
-    if array.ndim == 0:
-        raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
-    axis = api.normalize_axis(axis, array.ndim, what)
-    if array.shape[axis] % world_size:
-        raise ValueError(
-            f"{op}: {what}={axis} has length {array.shape[axis]}, which does not divide into "
-            f"{world_size} equal chunks (one per rank)"
-        )
-    return axis
 
 
 # -- checking the calls and computing the results ---------------------------------------------

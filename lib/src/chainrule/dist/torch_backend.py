@@ -217,7 +217,7 @@ class TorchRank:
         via_all_reduce = self.reduce_scatter_via_all_reduce
         t, back, _ = self._to_torch(x, fresh=via_all_reduce)
         _check_reducible(t, op)
-        axis = _check_divisible(t, axis, P, "reduce_scatter")
+        axis = api.check_divisible(t, axis, P, "reduce_scatter")
         self._record("reduce_scatter", t, op=op, axis=axis)
         if via_all_reduce:
             self._all_reduce_inplace(t, op)
@@ -235,11 +235,11 @@ class TorchRank:
     def all_to_all(self, x: Any, split_axis: int, concat_axis: int) -> Any:
         t, back, _ = self._to_torch(x, fresh=False)
         P = self._world_size
-        split_axis = _check_divisible(t, split_axis, P, "all_to_all", "split_axis")
+        split_axis = api.check_divisible(t, split_axis, P, "all_to_all", "split_axis")
         concat_axis = api.normalize_axis(concat_axis, t.ndim, "concat_axis")
         self._record("all_to_all", t, split_axis=split_axis, concat_axis=concat_axis)
         moved = t.movedim(split_axis, 0).contiguous()  # chunk j = rows j·c ... (j+1)·c − 1
-        received = torch_empty_like(moved)
+        received = moved.new_empty(moved.shape)
         self._dist.all_to_all_single(received, moved, group=self.group)
         chunk = moved.shape[0] // P
         # received[j·c + i] is row i of rank j's chunk for this rank, split axis first.
@@ -268,7 +268,7 @@ class TorchRank:
         return values[4 : 4 + ndim], dtype, values[0]
 
     def broadcast(self, x: Any, src: int) -> Any:
-        src = _check_src(src, self._world_size)
+        src = api.check_src(src, self._world_size)
         is_src = self._rank == src
         if x is None and is_src:
             raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
@@ -290,14 +290,14 @@ class TorchRank:
 
     def scatter(self, x: Any, src: int, axis: int) -> Any:
         P = self._world_size
-        src = _check_src(src, P)
+        src = api.check_src(src, P)
         is_src = self._rank == src
         if x is None and is_src:
             raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
         t, back, kind = (None, None, 0) if x is None else self._to_torch(x, fresh=False)
         chunks = None
         if is_src:
-            axis = _check_divisible(t, axis, P, "scatter")
+            axis = api.check_divisible(t, axis, P, "scatter")
             chunks = [c.contiguous() for c in t.chunk(P, dim=axis)]
         shape, dtype, src_kind = self._header(chunks[0] if is_src else None, src, kind)
         out = self._torch.empty(shape, dtype=dtype, device=self.device)
@@ -312,10 +312,6 @@ class TorchRank:
             self._dist.barrier(group=self.group, device_ids=[self.device.index])
         else:
             self._dist.barrier(group=self.group)
-
-
-def torch_empty_like(t: Any) -> Any:
-    return t.new_empty(t.shape)
 
 
 def _numpy_back(restore: api.Restore) -> Callable[[Any], Any]:
@@ -337,26 +333,6 @@ def _check_reducible(t: Any, op: ReduceOp) -> None:
     else:
         kind = "b" if _dtype_name(t.dtype) == "bool" else "i"
     api.check_reducible_kind(kind, _dtype_name(t.dtype), op)
-
-
-def _check_src(src: int, world_size: int) -> int:
-    if isinstance(src, bool) or not isinstance(src, int | np.integer):
-        raise TypeError(f"src must be an int rank, got {src!r}")
-    if not 0 <= src < world_size:
-        raise ValueError(f"src={src} is not a rank of a world of size {world_size}")
-    return int(src)
-
-
-def _check_divisible(t: Any, axis: int, world_size: int, op: str, what: str = "axis") -> int:
-    if t.ndim == 0:
-        raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
-    axis = api.normalize_axis(axis, t.ndim, what)
-    if t.shape[axis] % world_size:
-        raise ValueError(
-            f"{op}: {what}={axis} has length {t.shape[axis]}, which does not divide into "
-            f"{world_size} equal chunks (one per rank)"
-        )
-    return axis
 
 
 def _all_gather_single(torch_dist: Any, out: Any, t: Any, group: Any) -> None:
@@ -613,7 +589,7 @@ class _Pool:
             if not ready:
                 raise CollectiveError(
                     f"starting {self.world_size} {self.backend} workers timed out after "
-                    f"{START_TIMEOUT:g} s ({api_ranks(sorted(pending))} never became ready)"
+                    f"{START_TIMEOUT:g} s ({_ranks_text(sorted(pending))} never became ready)"
                 )
             for conn in ready:
                 r = self.replies.index(conn)
@@ -658,7 +634,7 @@ class _Pool:
         self.procs, self.tasks, self.replies = [], [], []
 
 
-def api_ranks(ranks: list[int]) -> str:
+def _ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
@@ -749,11 +725,11 @@ def run(
         name, message, text = errors[first]
         error = RankError(first, name, message, _restore_source_lines(text, fn))
         if len(errors) > 1:
-            error.add_note(f"{api_ranks(sorted(set(errors) - {first}))} also raised")
+            error.add_note(f"{_ranks_text(sorted(set(errors) - {first}))} also raised")
         stuck = sorted(r for r, reply in replies.items() if reply[0] == "stuck")
         if stuck:
             error.add_note(
-                f"{api_ranks(stuck)} did not finish (probably waiting in a collective for "
+                f"{_ranks_text(stuck)} did not finish (probably waiting in a collective for "
                 f"rank {first}); the {backend} worker processes were stopped and restart on "
                 "the next call"
             )
@@ -806,8 +782,8 @@ def _dispatch(pool: _Pool, task: bytes, timeout: float) -> dict[int, tuple]:
         return {**replies, **{r: ("stuck", r, None, [], "") for r in stuck}}
     done = sorted(replies)
     raise CollectiveError(
-        f"the {pool.backend} run timed out after {timeout:g} s: {api_ranks(stuck)} did not "
-        f"finish" + (f" ({api_ranks(done)} did)" if done else "") + "; they may be waiting "
+        f"the {pool.backend} run timed out after {timeout:g} s: {_ranks_text(stuck)} did not "
+        f"finish" + (f" ({_ranks_text(done)} did)" if done else "") + "; they may be waiting "
         "in a collective that another rank never called. The worker processes were stopped "
         "and restart on the next call; pass timeout= to dist.run to allow longer"
     )
