@@ -1,0 +1,245 @@
+"""The torch backend against raw ``torch.distributed`` on gloo, 2 processes.
+
+Everything runs inside one ``chainrule.dist.run(fn, 2, backend="gloo")`` call, timed inside the
+SPMD function on rank 0, with a barrier before each sample; the subject and the baseline
+alternate sample by sample on the same tensors.
+
+- The wrapper ``chainrule.dist.all_reduce(t)`` (functional: it copies ``t`` and returns the
+  sum) against ``torch.distributed.all_reduce(t)`` (in place), float32, sizes 1 KB to 64 MB.
+- The differentiable all-reduce of tensor parallelism, ``y = f̄(f(x))`` with
+  ``f = copy_to_ranks`` (identity forward, all-reduce backward) and ``f̄ = reduce_from_ranks``
+  (all-reduce forward, identity backward) from :mod:`chainrule.duality_torch`: forward and
+  backward together carry two all-reduces, so 2× one raw all-reduce is its floor. ``f̄`` alone
+  (one all-reduce) is reported too.
+- Bus bandwidth with nccl-tests' definitions, for the wrapper's and the raw collectives at the
+  largest size S (the largest buffer of a rank; all_gather's input is S/n): algbw = S / t,
+  busbw = algbw × 2(n−1)/n for all_reduce and × (n−1)/n for all_gather, reduce_scatter and
+  all_to_all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.harness import Row, make_row, median, paired_ratio
+
+KB = 1 << 10
+MB = 1 << 20
+WORLD = 2
+SIZES = (1 * KB, 64 * KB, 1 * MB, 16 * MB, 64 * MB)
+QUICK_SIZES = (1 * KB, 64 * KB)
+
+
+def size_label(size_bytes: int) -> str:
+    """``1KB``, ``64KB``, ``16MB``..."""
+    if size_bytes >= MB and size_bytes % MB == 0:
+        return f"{size_bytes // MB}MB"
+    if size_bytes >= KB and size_bytes % KB == 0:
+        return f"{size_bytes // KB}KB"
+    return f"{size_bytes}B"
+
+
+def calls_per_sample(size_bytes: int) -> int:
+    """Back-to-back calls in one timed sample: about 2 MB of payload, 1 to 200 calls."""
+    return max(1, min(200, (2 * MB) // size_bytes))
+
+
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests' busbw/algbw: 2(n−1)/n for all_reduce, (n−1)/n for the others here."""
+    return 2 * (world - 1) / world if op == "all_reduce" else (world - 1) / world
+
+
+# -- inside the SPMD function (each gloo worker) -----------------------------------------------
+
+
+def _sample(fn: Callable[[], Any], calls: int) -> float:
+    import torch.distributed as td
+
+    td.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def _alternate(candidates: dict[str, Callable[[], Any]], calls: int, repeat: int) -> dict:
+    for fn in candidates.values():  # warm-up: the first call of a size allocates
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeat):
+        for name, fn in candidates.items():
+            samples[name].append(_sample(fn, calls))
+    return samples
+
+
+def _raw_ops(td: Any, torch: Any, world: int) -> dict[str, Callable[[Any], Any]]:
+    """The raw torch.distributed collectives, with their outputs allocated once per size."""
+
+    def all_gather(t: Any) -> Callable[[], Any]:
+        parts = [torch.empty_like(t) for _ in range(world)]
+        return lambda: td.all_gather(parts, t)
+
+    def reduce_scatter(t: Any) -> Callable[[], Any]:
+        chunks = list(t.chunk(world))
+        out = torch.empty_like(chunks[0])
+        return lambda: td.reduce_scatter(out, chunks)
+
+    def all_to_all(t: Any) -> Callable[[], Any]:
+        out = torch.empty_like(t)
+        return lambda: td.all_to_all_single(out, t)
+
+    return {
+        "all_reduce": lambda t: lambda: td.all_reduce(t),
+        "all_gather": all_gather,
+        "reduce_scatter": reduce_scatter,
+        "all_to_all": all_to_all,
+    }
+
+
+def _check_values(dist: Any, td: Any, torch: Any) -> bool:
+    """Wrapper, raw and differentiable all-reduce give the same sums and gradients."""
+    from chainrule.duality_torch import copy_to_ranks, reduce_from_ranks
+
+    P, r = td.get_world_size(), td.get_rank()
+    x = torch.arange(8, dtype=torch.float32) + r
+    expected = P * torch.arange(8, dtype=torch.float32) + P * (P - 1) / 2
+    raw = x.clone()
+    td.all_reduce(raw)
+    wrapped = dist.all_reduce(x)
+    leaf = x.clone().requires_grad_(True)
+    y = reduce_from_ranks(copy_to_ranks(leaf))
+    y.backward(torch.ones_like(y))
+    return bool(
+        torch.equal(raw, expected)
+        and torch.equal(wrapped, expected)
+        and torch.equal(x, torch.arange(8, dtype=torch.float32) + r)  # input left alone
+        and torch.equal(y.detach(), expected)
+        and torch.equal(leaf.grad, torch.full_like(x, float(P)))
+    )
+
+
+def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
+    """The SPMD body: samples (seconds per call) of every subject and baseline, on rank 0."""
+    import torch
+    import torch.distributed as td
+    from chainrule import dist
+    from chainrule.duality_torch import copy_to_ranks, reduce_from_ranks
+
+    P = td.get_world_size()
+    result: dict[str, Any] = {"agree": _check_values(dist, td, torch), "sizes": {}}
+    for size in sizes:
+        t = torch.zeros(size // 4, dtype=torch.float32)  # zeros: repeated sums stay finite
+        leaf = torch.zeros_like(t, requires_grad=True)
+        seed = torch.ones_like(t)
+
+        def round_trip(leaf: Any = leaf, seed: Any = seed) -> None:
+            reduce_from_ranks(copy_to_ranks(leaf)).backward(seed)
+            leaf.grad = None
+
+        def reduce_only(leaf: Any = leaf, seed: Any = seed) -> None:
+            reduce_from_ranks(leaf).backward(seed)
+            leaf.grad = None
+
+        candidates = {
+            "raw": lambda t=t: td.all_reduce(t),
+            "wrapper": lambda t=t: dist.all_reduce(t),
+            "round_trip": round_trip,
+            "reduce_from_ranks": reduce_only,
+        }
+        result["sizes"][size] = _alternate(candidates, calls_per_sample(size), repeat)
+    largest = max(sizes)
+    raw_ops = _raw_ops(td, torch, P)
+    wrapped_ops = {
+        "all_reduce": dist.all_reduce,
+        "all_gather": dist.all_gather,
+        "reduce_scatter": dist.reduce_scatter,
+        "all_to_all": dist.all_to_all,
+    }
+    result["bandwidth"] = {}
+    for op, wrapped in wrapped_ops.items():
+        elements = largest // 4 // (P if op == "all_gather" else 1)
+        t = torch.zeros(elements, dtype=torch.float32)
+        candidates = {"raw": raw_ops[op](t), "wrapper": lambda t=t, w=wrapped: w(t)}
+        result["bandwidth"][op] = _alternate(candidates, calls_per_sample(largest), repeat)
+    return result if td.get_rank() == 0 else {}
+
+
+# -- in the benchmark process ----------------------------------------------------------------
+
+
+def _size_rows(size: int, samples: dict[str, list[float]], agree: bool) -> list[Row]:
+    label = size_label(size)
+    raw = median(samples["raw"])
+    rows = [
+        make_row(
+            f"gloo.all_reduce.{label}",
+            f"gloo all_reduce, 2 ranks, {label}: chainrule.dist wrapper",
+            median(samples["wrapper"]),
+            raw,
+            "raw torch.distributed.all_reduce",
+            paired_ratio(samples["wrapper"], samples["raw"]),
+            agree=agree,
+        ),
+        make_row(
+            f"gloo.round_trip.{label}",
+            f"gloo f̄(f(x)) forward+backward (2 all-reduces), {label}",
+            median(samples["round_trip"]),
+            raw,
+            "one raw all_reduce",
+            paired_ratio(samples["round_trip"], samples["raw"]),
+            agree=agree,
+        ),
+        make_row(
+            f"gloo.reduce_from_ranks.{label}",
+            f"gloo f̄(x) forward+backward (1 all-reduce), {label}",
+            median(samples["reduce_from_ranks"]),
+            raw,
+            "one raw all_reduce",
+            paired_ratio(samples["reduce_from_ranks"], samples["raw"]),
+            agree=agree,
+        ),
+    ]
+    return rows
+
+
+def _bandwidth_rows(size: int, bandwidth: dict[str, dict[str, list[float]]]) -> list[Row]:
+    rows = []
+    for op, samples in bandwidth.items():
+        raw, wrapper = median(samples["raw"]), median(samples["wrapper"])
+        factor = bus_factor(op, WORLD)
+        rows.append(
+            make_row(
+                f"gloo.busbw.{op}",
+                f"gloo {op}, 2 ranks, {size_label(size)}: chainrule.dist wrapper",
+                wrapper,
+                raw,
+                f"raw torch.distributed {op}",
+                paired_ratio(samples["wrapper"], samples["raw"]),
+                busbw_gb_s=size / wrapper / 1e9 * factor,
+                raw_busbw_gb_s=size / raw / 1e9 * factor,
+            )
+        )
+    return rows
+
+
+def collect(sizes: Sequence[int], repeat: int) -> list[Row]:
+    """Rows for ``sizes`` (bytes) with ``repeat`` samples each, on a gloo pool of 2 workers."""
+    from chainrule import dist
+
+    try:
+        result = dist.run(
+            spmd_measure, WORLD, backend="gloo", args=(tuple(sizes), repeat), timeout=1800
+        )[0]
+    finally:
+        dist.shutdown()
+    rows = []
+    for size in sizes:
+        rows += _size_rows(size, result["sizes"][size], result["agree"])
+    return rows + _bandwidth_rows(max(sizes), result["bandwidth"])
+
+
+def measure(quick: bool = False) -> list[Row]:
+    """Every gloo row (run it in a fresh process: the worker pool starts here)."""
+    return collect(QUICK_SIZES, 3) if quick else collect(SIZES, 9)

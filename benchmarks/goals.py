@@ -1,0 +1,147 @@
+"""The targets the results are judged against, and the judging.
+
+A goal names the rows it covers, the field it reads (``ratio``, ``seconds`` or an extra field)
+and a limit; with several rows the worst one decides. A goal also lists sanity fields that must
+be true (the implementations agreed, the grades were identical): a fast wrong answer misses.
+A goal whose rows were not measured (a ``--quick`` run measures smaller sizes) is "not measured".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.harness import Row
+
+
+@dataclass(frozen=True)
+class Goal:
+    """``field`` of every row in ``keys`` is at most (or at least) ``limit``."""
+
+    family: str
+    text: str
+    keys: tuple[str, ...]
+    field: str
+    limit: float
+    at_most: bool = True
+    checks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one goal came out: the deciding value, its row, and whether the goal is met."""
+
+    goal: Goal
+    value: float | None
+    key: str | None
+    met: bool | None  # None: not measured
+    failed_checks: tuple[str, ...] = ()
+
+
+def _gloo_keys(kind: str, sizes: Sequence[str]) -> tuple[str, ...]:
+    return tuple(f"gloo.{kind}.{size}" for size in sizes)
+
+
+GOALS: tuple[Goal, ...] = (
+    Goal(
+        "engine",
+        "MLP step ≤ 1.0× PyTorch, width 8",
+        ("engine.mlp.8.torch",),
+        "ratio",
+        1.0,
+        checks=("agree",),
+    ),
+    Goal(
+        "engine",
+        "MLP step ≤ 1.0× PyTorch, width 64",
+        ("engine.mlp.64.torch",),
+        "ratio",
+        1.0,
+        checks=("agree",),
+    ),
+    Goal(
+        "engine",
+        "MLP step ≤ 1.1× hand-written numpy, width 512",
+        ("engine.mlp.512.numpy",),
+        "ratio",
+        1.1,
+        checks=("agree",),
+    ),
+    Goal(
+        "sim", "all_reduce of 64 MB, P=4 ≤ 4 memcpy units", ("sim.all_reduce.64MB",), "ratio", 4.0
+    ),
+    Goal(
+        "sim",
+        "all_reduce of 1 KB, P=4 ≤ 20 µs per call",
+        ("sim.all_reduce.1024B",),
+        "seconds",
+        20e-6,
+    ),
+    Goal(
+        "gloo",
+        "wrapper all_reduce ≤ 1.05× raw, 64 KB to 64 MB",
+        _gloo_keys("all_reduce", ("64KB", "1MB", "16MB", "64MB")),
+        "ratio",
+        1.05,
+        checks=("agree",),
+    ),
+    Goal(
+        "gloo",
+        "differentiable all-reduce f̄(f(x)) fwd+bwd ≤ 2.3× one raw all_reduce",
+        _gloo_keys("round_trip", ("1KB", "64KB", "1MB", "16MB", "64MB")),
+        "ratio",
+        2.3,
+        checks=("agree",),
+    ),
+    Goal(
+        "startup",
+        "first run(fn, 2, 'gloo') ≤ 1.5 s",
+        ("startup.first",),
+        "seconds",
+        1.5,
+        checks=("correct",),
+    ),
+    Goal(
+        "startup",
+        "repeated run(fn, 2, 'gloo') ≤ 10 ms",
+        ("startup.repeated",),
+        "seconds",
+        0.010,
+        checks=("correct",),
+    ),
+    Goal(
+        "grading",
+        "batch with 2 workers ≥ 1.8× sequential, identical grades",
+        ("grading.batch",),
+        "ratio",
+        1.8,
+        at_most=False,
+        checks=("identical_grades", "all_graded"),
+    ),
+)
+
+
+def field_value(row: Row, field: str) -> Any:
+    """``row[field]``, or the extra field of that name."""
+    return row[field] if field in row else row["extra"].get(field)
+
+
+def judge(goal: Goal, rows: Iterable[Row]) -> Verdict:
+    """The verdict of ``goal`` on the measured ``rows``."""
+    covered = [r for r in rows if r["key"] in goal.keys]
+    values = [(field_value(r, goal.field), r["key"]) for r in covered]
+    values = [(v, k) for v, k in values if v is not None]
+    if not values:
+        return Verdict(goal, None, None, None)
+    value, key = max(values) if goal.at_most else min(values)
+    within = value <= goal.limit if goal.at_most else value >= goal.limit
+    failed = tuple(
+        sorted({c for r in covered for c in goal.checks if r["extra"].get(c) is not True})
+    )
+    return Verdict(goal, value, key, within and not failed, failed)
+
+
+def judge_all(rows: Sequence[Row], goals: Sequence[Goal] = GOALS) -> list[Verdict]:
+    """One verdict per goal."""
+    return [judge(goal, rows) for goal in goals]

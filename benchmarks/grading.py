@@ -1,0 +1,210 @@
+"""Autograding throughput of ``check_yourself``: one student, and a batch with 1 and 2 workers.
+
+Everything happens in a temporary copy of the course (its ``nbgrader_config.py`` and
+``source/check_yourself``, released there with ``nbgrader generate_assignment``), never in the
+repository's own gradebook, ``submitted/`` or ``autograded/``. Submission k is the release with
+the instructor's solutions filled in, except that for k ≥ 1 solution cell (k − 1) mod n (of the
+n solution cells, counted over the notebooks in order) is left as the student got it, so the
+students' grades differ.
+
+Each measurement is a fresh ``python -m chainrule.grading batch check_yourself --no-feedback``
+on its own copy of the generated course (feedback generation is sequential and not part of
+autograding). The batch with 2 workers must give every student exactly the grades of the
+sequential batch (the ``identical_grades`` field).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from benchmarks.harness import REPO, Row, bench_env, make_row
+
+ASSIGNMENT = "check_yourself"
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+Grades = dict[str, dict[str, Any]]
+
+
+def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def prepare_course(root: Path, notebooks: Sequence[str] | None = None) -> Path:
+    """A course under ``root`` with ``check_yourself`` generated into its own gradebook.
+
+    ``notebooks``: only these of the assignment's notebooks (names without ``.ipynb``; default
+    all five), for a smaller course.
+    """
+    course = root / "course"
+    (course / "source").mkdir(parents=True)
+    shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
+    source = REPO / "source" / ASSIGNMENT
+    keep = None if notebooks is None else {f"{name}.ipynb" for name in notebooks}
+
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        if keep is None or Path(folder) != source:
+            return []
+        return [n for n in names if n.endswith(".ipynb") and n not in keep]
+
+    shutil.copytree(source, course / "source" / ASSIGNMENT, ignore=ignore)
+    proc = _run(["-m", "nbgrader", "generate_assignment", ASSIGNMENT, "--force"], course, 900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"generate_assignment failed:\n{proc.stderr[-4000:]}")
+    return course
+
+
+def _is_solution(cell: nbformat.NotebookNode) -> bool:
+    flags = cell.get("metadata", {}).get("nbgrader", {})
+    return cell.cell_type == "code" and bool(flags.get("solution"))
+
+
+def _grade_id(cell: nbformat.NotebookNode) -> str:
+    return cell["metadata"]["nbgrader"]["grade_id"]
+
+
+def instructor_code(source: str) -> str:
+    """A source solution cell's code without nbgrader's solution markers."""
+    lines = [line for line in source.splitlines() if line.strip() not in SOLUTION_MARKERS]
+    return "\n".join(lines)
+
+
+def solution_cells(course: Path) -> int:
+    """The number of code solution cells over the assignment's notebooks."""
+    notebooks = (course / "source" / ASSIGNMENT).glob("*.ipynb")
+    return sum(_is_solution(cell) for path in notebooks for cell in nbformat.read(path, 4).cells)
+
+
+def write_submissions(course: Path, count: int) -> list[str]:
+    """Students ``s00``... in ``submitted/``; see the module docstring for what they answer."""
+    students = []
+    notebooks = sorted((course / "source" / ASSIGNMENT).glob("*.ipynb"))
+    for k in range(count):
+        student = f"s{k:02d}"
+        folder = course / "submitted" / student / ASSIGNMENT
+        folder.mkdir(parents=True)
+        index = 0
+        skipped = None if k == 0 else (k - 1) % solution_cells(course)
+        for source_path in notebooks:
+            source = nbformat.read(source_path, as_version=4)
+            answers = {
+                _grade_id(c): instructor_code(c.source) for c in source.cells if _is_solution(c)
+            }
+            nb = nbformat.read(course / "release" / ASSIGNMENT / source_path.name, as_version=4)
+            for cell in nb.cells:
+                if _is_solution(cell):
+                    if index != skipped:
+                        cell.source = answers[_grade_id(cell)]
+                    index += 1
+            nbformat.write(nb, folder / source_path.name)
+        students.append(student)
+    return students
+
+
+def grade_batch(
+    course: Path, workers: int, students: list[str] | None = None
+) -> tuple[float, Grades]:
+    """Wall seconds of one ``chainrule.grading batch`` run, and the grades it recorded."""
+    out = course / "grades" / f"workers-{workers}"
+    args = ["-m", "chainrule.grading", "batch", ASSIGNMENT, "--course-root", str(course)]
+    args += ["--workers", str(workers), "--no-feedback", "--out", str(out)]
+    for student in students or []:
+        args += ["--student", student]
+    start = time.perf_counter()
+    proc = _run(args, course, 3600)
+    seconds = time.perf_counter() - start
+    if proc.returncode not in (0, 3) or not (out / "summary.json").exists():
+        raise RuntimeError(f"grading batch failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
+    return seconds, read_grades(out / "summary.json")
+
+
+def read_grades(summary_json: Path) -> Grades:
+    """``{student: {"status", "total", notebook: score...}}`` from the batch's summary."""
+    grades: Grades = {}
+    for record in json.loads(summary_json.read_text())["students"]:
+        entry: dict[str, Any] = {"status": record["status"], "total": record["total"]}
+        for nb in record["notebooks"]:
+            entry[nb["name"]] = (nb["status"], nb["gradebook_score"])
+        grades[record["student"]] = entry
+    return grades
+
+
+def all_graded(grades: Grades) -> bool:
+    """Whether every student has a total (no notebook failed to grade)."""
+    return all(entry["total"] is not None for entry in grades.values())
+
+
+def distinct_grades(grades: Grades) -> int:
+    """How many different score sheets (per-notebook scores) the students got."""
+    return len({tuple(sorted(entry.items())) for entry in grades.values()})
+
+
+def measure(
+    quick: bool = False,
+    submissions: int | None = None,
+    notebooks: Sequence[str] | None = None,
+    single: bool = True,
+) -> list[Row]:
+    """One student alone, then the batch sequential and with 2 workers, on separate copies.
+
+    ``submissions``: the batch size (default 20, 3 when ``quick``); ``notebooks``: grade only
+    these notebooks of the assignment (default all five); ``single``: also time one student
+    on a course of their own (the row ``grading.single``).
+    """
+    count = submissions or (3 if quick else 20)
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        template = prepare_course(Path(tmp) / "template", notebooks)
+        students = write_submissions(template, count)
+        notebook_count = len(list((template / "release" / ASSIGNMENT).glob("*.ipynb")))
+        copies = {}
+        for name in ("single", "sequential", "parallel") if single else ("sequential", "parallel"):
+            copies[name] = Path(tmp) / name
+            shutil.copytree(template, copies[name])
+        sequential_s, sequential = grade_batch(copies["sequential"], 1)
+        parallel_s, parallel = grade_batch(copies["parallel"], 2)
+        if single:
+            single_s, alone = grade_batch(copies["single"], 1, students[:1])
+    identical = parallel == sequential
+    rows = []
+    if single:
+        identical = identical and alone[students[0]] == sequential[students[0]]
+        rows.append(
+            make_row(
+                "grading.single",
+                f"autograde one student's {ASSIGNMENT} ({notebook_count} notebooks), one batch",
+                single_s,
+                all_graded=all_graded(alone),
+            )
+        )
+    rows.append(
+        make_row(
+            "grading.batch",
+            f"batch of {count} submissions: sequential / 2 workers",
+            sequential_s,
+            parallel_s,
+            "the same batch with 2 workers",
+            speedup=sequential_s / parallel_s,
+            per_student_s=sequential_s / count,
+            identical_grades=identical,
+            all_graded=all_graded(sequential) and all_graded(parallel),
+            distinct_grades=distinct_grades(sequential),
+            submissions=count,
+        )
+    )
+    return rows

@@ -1,0 +1,214 @@
+"""The benchmarks, each run once at a tiny size so that they cannot rot.
+
+These are not timed tests: they check the structure and sanity of the rows (fields present,
+times and ratios positive and finite, implementations agreeing, grades identical), never speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import nbformat
+import numpy as np
+import pytest
+
+from benchmarks import (
+    engine,
+    gloo_collectives,
+    goals,
+    grading,
+    harness,
+    report,
+    sim_collectives,
+    startup,
+)
+
+ROW_FIELDS = {"key", "label", "seconds", "baseline", "baseline_seconds", "ratio", "extra"}
+
+
+def check_rows(rows, keys):
+    """``rows`` have exactly ``keys``, every field, and positive finite times and ratios."""
+    assert [row["key"] for row in rows] == keys
+    for row in rows:
+        assert ROW_FIELDS <= set(row), row
+        assert isinstance(row["label"], str) and row["label"]
+        assert math.isfinite(row["seconds"]) and row["seconds"] > 0, row
+        if row["baseline_seconds"] is not None:
+            assert row["baseline"], row
+            assert math.isfinite(row["ratio"]) and row["ratio"] > 0, row
+    harness.check_rows(rows)
+
+
+# -- harness ---------------------------------------------------------------------------------
+
+
+def test_fresh_process_gets_the_pinned_environment():
+    child = harness.run_fresh("benchmarks.harness:environment_probe")
+    assert child["env"] == harness.PINNED_ENV
+    assert child["pid"] != os.getpid()
+
+
+def test_fresh_process_failure_is_reported():
+    with pytest.raises(RuntimeError, match="no_such_function"):
+        harness.run_fresh("benchmarks.harness:no_such_function")
+
+
+def test_combine_takes_medians_and_requires_checks_in_every_run():
+    runs = [
+        [harness.make_row("a", "A", s, 2 * s, "base", agree=ok, n=s)]
+        for s, ok in ((1.0, True), (3.0, True), (2.0, False))
+    ]
+    (row,) = harness.combine(runs)
+    assert row["seconds"] == 2.0 and row["baseline_seconds"] == 4.0
+    assert row["ratio"] == 0.5  # computed from the medians of each run when not paired
+    assert row["extra"] == {"agree": False, "n": 2.0}
+    assert row["runs"] == 3 and row["spread"] == 3.0
+
+
+def test_check_rows_rejects_non_positive_or_missing_times():
+    with pytest.raises(ValueError, match="seconds"):
+        harness.check_rows([harness.make_row("a", "A", float("nan"))])
+    with pytest.raises(ValueError, match="ratio"):
+        harness.check_rows([harness.make_row("a", "A", 1.0, 1.0, "b", ratio=-1.0)])
+
+
+def test_compare_pairs_samples_of_each_candidate():
+    samples = harness.compare({"fast": lambda: None, "slow": lambda: sum(range(2000))}, 3, 1e-4)
+    assert set(samples) == {"fast", "slow"}
+    assert all(len(s) == 3 and min(s) > 0 for s in samples.values())
+
+
+# -- the families at tiny sizes --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_engine_rows():
+    rows = engine.chain_rows("mul", n_ops=5, repeat=2) + engine.chain_rows("matmul", 5, repeat=2)
+    rows += engine.mlp_rows(8, repeat=2)
+    check_rows(
+        rows,
+        ["engine.chain.mul", "engine.chain.matmul", "engine.mlp.8.torch", "engine.mlp.8.numpy"],
+    )
+    assert all(row["extra"]["agree"] is True for row in rows)
+
+
+def test_engine_agreement_check_catches_a_different_update():
+    rng = np.random.default_rng(0)
+    params = engine.mlp_init(8, rng)
+    x, t = engine.mlp_data(8, rng)
+    assert engine._agree([engine.NumpyMLP(params, x, t), engine.EngineMLP(params, x, t)])
+    wrong = engine.NumpyMLP(params, x, t)
+    wrong.params[0] += 1e-2  # a different model: its loss and update differ
+    assert not engine._agree([engine.NumpyMLP(params, x, t), wrong])
+
+
+def test_sim_rows():
+    rows = sim_collectives.bandwidth_rows(size_bytes=1 << 20, repeat=1, calls=1)
+    rows += sim_collectives.small_call_rows(repeat=1, calls=20)
+    ops = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+    check_rows(rows, [f"sim.{op}.1MB" for op in ops] + ["sim.all_reduce.1024B"])
+    floors = [row["extra"]["floor_units"] for row in rows[:4]]
+    assert floors == [4.0, 2.5, 2.5, 4.0]
+
+
+def test_sim_inputs_make_the_largest_buffer_the_stated_size():
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        inputs = sim_collectives.rank_inputs(op, 1 << 20, 4)
+        largest = inputs[0].nbytes * (4 if op == "all_gather" else 1)
+        assert largest == 1 << 20 and len(inputs) == 4
+
+
+@pytest.mark.slow
+def test_gloo_rows():
+    rows = gloo_collectives.collect([1024], repeat=1)
+    ops = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+    check_rows(
+        rows,
+        ["gloo.all_reduce.1KB", "gloo.round_trip.1KB", "gloo.reduce_from_ranks.1KB"]
+        + [f"gloo.busbw.{op}" for op in ops],
+    )
+    assert all(row["extra"]["agree"] is True for row in rows[:3])
+    assert all(row["extra"]["busbw_gb_s"] > 0 for row in rows[3:])
+    assert gloo_collectives.bus_factor("all_reduce", 2) == 1.0
+    assert gloo_collectives.bus_factor("all_gather", 4) == 0.75
+
+
+@pytest.mark.slow
+def test_startup_rows():
+    rows = startup.measure(processes=1, repeated=2)
+    check_rows(rows, ["startup.first", "startup.first_torch_imported", "startup.repeated"])
+    assert all(row["extra"]["correct"] is True for row in rows)
+
+
+@pytest.mark.slow
+def test_grading_parallel_grades_equal_sequential():
+    rows = grading.measure(submissions=2, notebooks=["ex1_equal_shards"], single=False)
+    check_rows(rows, ["grading.batch"])
+    extra = rows[0]["extra"]
+    assert extra["identical_grades"] is True and extra["all_graded"] is True
+    assert extra["distinct_grades"] == 2  # the second student left a cell unanswered
+
+
+def test_grading_submissions_leave_one_cell_each(tmp_path):
+    course = tmp_path / "course"
+    for folder in ("source", "release"):
+        shutil.copytree(
+            grading.REPO / folder / grading.ASSIGNMENT, course / folder / "check_yourself"
+        )
+    students = grading.write_submissions(course, 3)
+    assert students == ["s00", "s01", "s02"]
+    unanswered = {}
+    for student in students:
+        folder = course / "submitted" / student / grading.ASSIGNMENT
+        cells = [
+            cell
+            for path in sorted(folder.glob("*.ipynb"))
+            for cell in nbformat.read(path, 4).cells
+            if grading._is_solution(cell)
+        ]
+        assert len(cells) == grading.solution_cells(course)
+        assert not any("### BEGIN SOLUTION" in cell.source for cell in cells)
+        unanswered[student] = [i for i, c in enumerate(cells) if "NotImplementedError" in c.source]
+    assert unanswered == {"s00": [], "s01": [0], "s02": [1]}
+
+
+# -- goals and report ------------------------------------------------------------------------
+
+
+def _goal_rows(ratio, agree=True):
+    return [harness.make_row("engine.mlp.8.torch", "MLP", 1.0, 1.0, "torch", ratio, agree=agree)]
+
+
+def test_goals_are_judged_on_the_worst_row_and_their_checks():
+    goal = goals.GOALS[0]
+    assert goals.judge(goal, _goal_rows(0.9)).met is True
+    assert goals.judge(goal, _goal_rows(1.2)).met is False
+    failed = goals.judge(goal, _goal_rows(0.9, agree=False))
+    assert failed.met is False and failed.failed_checks == ("agree",)
+    assert goals.judge(goal, []).met is None
+    at_least = goals.Goal("x", "speedup", ("a", "b"), "ratio", 1.8, at_most=False)
+    rows = [harness.make_row(k, k, 1.0, 1.0, "b", r) for k, r in (("a", 2.0), ("b", 1.5))]
+    verdict = goals.judge(at_least, rows)
+    assert verdict.met is False and verdict.key == "b"
+
+
+def test_report_renders_every_section_and_verdict():
+    rows = harness.combine([_goal_rows(1.2)])
+    verdicts = goals.judge_all(rows)
+    machine = harness.describe_machine()
+    run_info = {
+        "date": "today",
+        "command": "python -m benchmarks.run",
+        "minutes": 1.0,
+        "quick": True,
+        "load_start": [0.1, 0.1, 0.1],
+        "load_end": [9.0, 9.0, 9.0],
+    }
+    text = report.render([report.Section("Engine", "About.", rows)], verdicts, machine, run_info)
+    assert "## 1. Engine" in text and "| MLP |" in text and "1.20×" in text
+    assert "**missed**" in text and "not measured" in text
+    assert "shared with other work" in text and "--quick" in text
+    assert machine["cpu"] in text
+    assert report.fmt_time(12e-6) == "12.0 µs" and report.fmt_time(2.5) == "2.50 s"
