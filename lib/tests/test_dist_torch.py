@@ -303,6 +303,7 @@ def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
     assert ("gloo", 2) not in torch_backend._pools
 
 
+@pytest.mark.slow  # starts a fresh pool: the failure tests above stopped the shared one
 def test_shutdown_stops_every_worker():
     assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
     assert children()
