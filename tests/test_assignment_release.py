@@ -38,6 +38,7 @@ def test_the_assignment_has_one_notebook_per_check_yourself_item():
     assert files(SOURCE_DIR) == [f"{name}.ipynb" for name in NOTEBOOKS]
 
 
+@pytest.mark.slow
 def test_release_equals_a_fresh_generate_assignment(tmp_path):
     course = make_course(tmp_path)
     fresh = course / "release" / ASSIGNMENT
