@@ -28,7 +28,9 @@ def test_lock_agrees_with_top_level_pins():
     lock = _pins((REPO / "requirements.lock").read_text().splitlines())
     pip = _pins((REPO / "requirements.txt").read_text().splitlines())
     for name, version in pip.items():
-        assert lock.get(name) == version, f"{name}: requirements.txt {version}, lock {lock.get(name)}"
+        assert lock.get(name) == version, (
+            f"{name}: requirements.txt {version}, lock {lock.get(name)}"
+        )
 
 
 def test_installed_versions_match_the_pins():

@@ -1,8 +1,17 @@
 """chainrule: a readable reverse-mode autograd engine and the collectives of distributed training.
 
-- :mod:`chainrule.tensor` and :mod:`chainrule.ops`: the engine (every op's forward beside its VJP).
-- :mod:`chainrule.dist`: collectives with one API on a simulated world of P ranks or torch.distributed.
-- :mod:`chainrule.duality`: the duality table as differentiable collectives.
+The engine
+    :mod:`chainrule.tensor` (the tensor and the backward pass), :mod:`chainrule.ops` (every op's
+    forward beside its VJP), :mod:`chainrule.nn`, :mod:`chainrule.gradcheck` (finite differences
+    and the adjoint test), :mod:`chainrule.chain_cost`, :mod:`chainrule.graph` (drawing graphs).
+Distributed training
+    :mod:`chainrule.dist` (collectives with one API on a simulated world of P ranks or on
+    torch.distributed), :mod:`chainrule.duality` and :mod:`chainrule.duality_torch` (the duality
+    table as differentiable collectives), :mod:`chainrule.data_parallel`,
+    :mod:`chainrule.tensor_parallel`.
+The course
+    :mod:`chainrule.widgets` (the lessons' interactive views), :mod:`chainrule.grading`
+    (autograding the exercises), :mod:`chainrule.exercise_feedback`.
 """
 
 from chainrule.tensor import Tensor, as_tensor, is_grad_enabled, no_grad, tensor

@@ -36,7 +36,7 @@ def is_grad_enabled() -> bool:
 
 @contextmanager
 def no_grad() -> Iterator[None]:
-    """Run operations without recording the graph (per thread, so each simulated rank has its own)."""
+    """Run operations without recording the graph (per thread: each simulated rank has its own)."""
     previous = is_grad_enabled()
     _grad_mode.enabled = False
     try:
@@ -79,9 +79,7 @@ class Tensor:
     # -- building the graph -------------------------------------------------------------
 
     @classmethod
-    def from_op(
-        cls, data: np.ndarray, parents: Sequence[Tensor], vjp: VJP, op: str
-    ) -> Tensor:
+    def from_op(cls, data: np.ndarray, parents: Sequence[Tensor], vjp: VJP, op: str) -> Tensor:
         """The output of operation ``op``: ``data`` computed from ``parents``.
 
         ``vjp(ḡ)`` must return one gradient per parent (same shape as that parent, or
