@@ -112,27 +112,40 @@ def load_variants(notebook: str) -> dict[str, Variant]:
     }
 
 
+def instructor_answers(notebook: str) -> dict[str, str]:
+    """The instructor's text of every written (manually graded) answer cell, by grade id."""
+    nb = read_notebook(SOURCE_DIR / f"{notebook}.ipynb")
+    return {grade_id(c): c.source for c in nb.cells if is_written_answer(c)}
+
+
 def build_submission(
-    notebook: str, replacements: Mapping[str, str] | None = None, instructor: bool = True
+    notebook: str,
+    replacements: Mapping[str, str] | None = None,
+    instructor: bool = True,
+    written: bool = False,
 ) -> nbformat.NotebookNode:
     """The release notebook with its solution cells filled in.
 
     Cells named in ``replacements`` get that code; the others get the instructor's solution
     (``instructor=True``) or keep the release's stub. A replacement for a cell that is not a
-    code solution cell of the notebook is an error.
+    code solution cell of the notebook is an error. With ``written=True`` the written answers
+    get the instructor's text too (otherwise they keep "YOUR ANSWER HERE").
     """
     nb = read_notebook(RELEASE_DIR / f"{notebook}.ipynb")
     replacements = dict(replacements or {})
     solutions = instructor_solutions(notebook) if instructor else {}
+    answers = instructor_answers(notebook) if written else {}
     solution_ids = {grade_id(c) for c in nb.cells if is_code_solution(c)}
     unknown = set(replacements) - solution_ids
     if unknown:
         raise ValueError(f"{notebook}: no solution cells {sorted(unknown)}; has {solution_ids}")
     for cell in nb.cells:
+        cell_id = grade_id(cell)
         if is_code_solution(cell):
-            cell_id = grade_id(cell)
             code = replacements.get(cell_id, solutions.get(cell_id, cell.source))
             cell.source = code.strip("\n")
+        elif is_written_answer(cell) and cell_id in answers:
+            cell.source = answers[cell_id]
     return nb
 
 

@@ -4,7 +4,8 @@ Students, each a full submission of the five notebooks built from the release:
 
 - ``instructor``: the instructor's solutions, must get every autograded point;
 - ``blank``: the release as handed out, must get none, every test cell failing;
-- ``right``: each notebook's alternative correct solution (written differently), full marks;
+- ``right_1`` …: each notebook's alternative correct solutions (written differently), full
+  marks;
 - ``wrong_1`` … ``wrong_k``: the i-th wrong fixture of every notebook (the instructor's
   solution where a notebook has fewer), each losing points exactly on the test cells its
   fixture names.
@@ -15,9 +16,14 @@ workers); ``wrong_1`` is graded a second time to check that regrading gives the 
 
 from __future__ import annotations
 
+import io
+import shutil
+
+import nbformat
 import pytest
 from assignment_fixtures import (
     NOTEBOOKS,
+    REPO,
     autograde,
     build_submission,
     cell_scores,
@@ -26,6 +32,7 @@ from assignment_fixtures import (
     make_course,
     write_submission,
 )
+from chainrule.grading import validate_notebook
 
 pytestmark = pytest.mark.slow
 
@@ -123,6 +130,17 @@ def test_wrong_solution_loses_points_exactly_where_expected(course, variant):
 def test_alternative_correct_solution_gets_every_autograded_point(course, variant):
     cells = _autograded(course, _student_of(variant), variant.notebook)
     assert all(c.score == c.max_score for c in cells.values()), _report(cells)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
+def test_instructor_solution_passes_validate(tmp_path, notebook):
+    """What a student with the instructor's answers sees on pressing Validate: success, so no
+    visible test depends on code that only the hidden tests define."""
+    shutil.copy2(REPO / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
+    path = tmp_path / f"{notebook}.ipynb"
+    nbformat.write(build_submission(notebook, written=True), path)
+    report = io.StringIO()
+    assert validate_notebook(path, course_root=tmp_path, stream=report) == 0, report.getvalue()
 
 
 def test_regrading_gives_the_same_scores(course):
