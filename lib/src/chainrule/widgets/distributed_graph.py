@@ -76,23 +76,8 @@ def data_parallel_graph(
     return GlobalGraph(parameter, copies, losses, total)
 
 
-def drop_scalar_constants(g: graph.Graph) -> graph.Graph:
-    """The graph without scalar constant leaves (the ``2`` of ``/ 2`` and the like).
-
-    They carry no gradient and no data, and only clutter the picture. Node ids are renumbered
-    (``Graph`` expects ids 0..n−1 in topological order).
-    """
-    keep = [n for n in g.nodes if not (n.kind == "constant" and n.shape == ())]
-    new_id = {n.id: i for i, n in enumerate(keep)}
-    nodes = [
-        graph.Node(new_id[n.id], n.op, n.shape, n.name, n.requires_grad, n.fan_out) for n in keep
-    ]
-    edges = [(new_id[a], new_id[b]) for a, b in g.edges if a in new_id and b in new_id]
-    return graph.Graph(nodes=nodes, edges=edges, root=new_id[g.root])
-
-
 def draw_global_graph(g: GlobalGraph) -> Figure:
     """:func:`chainrule.graph.draw` of the global graph, without the scalar constants."""
-    figure = graph.draw(drop_scalar_constants(graph.Graph.from_tensor(g.loss)))
+    figure = graph.draw(g.loss, scalar_constants=False)
     figure.suptitle(f"One data-parallel step on P = {g.world_size} ranks, as one graph")
     return figure
