@@ -113,18 +113,24 @@ def lab(
 
 
 @pytest.fixture(scope="session")
-def released_assignment(lab_server: LabServer) -> str:
-    """The instructor generates and releases ``check_yourself`` into the temporary exchange."""
+def assignment() -> str:
+    """The nbgrader assignment of the course."""
+    return ASSIGNMENT
+
+
+@pytest.fixture(scope="session")
+def released_assignment(lab_server: LabServer, assignment: str) -> str:
+    """The instructor generates and releases the assignment into the temporary exchange."""
     for command in (
-        ("nbgrader", "generate_assignment", ASSIGNMENT, "--force"),
-        ("nbgrader", "release_assignment", ASSIGNMENT, "--force"),
+        ("nbgrader", "generate_assignment", assignment, "--force"),
+        ("nbgrader", "release_assignment", assignment, "--force"),
     ):
         result = lab_server.run(*command)
         output = result.stdout + result.stderr
         assert result.returncode == 0 and "[ERROR]" not in output, (
             f"{' '.join(command)} failed:\n{output}"
         )
-    return ASSIGNMENT
+    return assignment
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from lab_server import LabServer
 from playwright.sync_api import FrameLocator, Locator, Page
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 # Cold kernels on two shared cores: be generous.
 PAGE_TIMEOUT_MS = 90_000
 RUN_ALL_TIMEOUT_MS = 240_000
 VALIDATE_TIMEOUT_MS = 240_000
+WIDGET_TIMEOUT_MS = 60_000
 # Long waits poll the page every POLL_MS instead of on every animation frame.
 POLL_MS = 200
 
@@ -160,28 +162,37 @@ class LabPage:
         """Images and text of every output area, without the slider controls themselves."""
         return self.page.evaluate(_OUTPUTS_SIGNATURE_JS)
 
-    def nudge_slider(self, slider: Locator, presses: int = 1, key: str = "ArrowRight") -> str:
-        """Focus the slider's handle and press ``key``; return the slider's new value."""
+    def nudge_slider(self, slider: Locator) -> tuple[str, str]:
+        """Focus the slider's handle and press an arrow key once (right, or left at the
+        maximum); wait for the slider to show the new value. Returns (old, new) values."""
         handle = slider.locator(".noUi-handle[role=slider]").first
         before = handle.get_attribute("aria-valuenow")
+        at_maximum = float(before) >= float(handle.get_attribute("aria-valuemax"))
         handle.focus()
-        for _ in range(presses):
-            handle.press(key)
+        handle.press("ArrowLeft" if at_maximum else "ArrowRight")
         self.page.wait_for_function(
             "([el, old]) => el.getAttribute('aria-valuenow') !== old",
             arg=[handle.element_handle(), before],
         )
-        return handle.get_attribute("aria-valuenow")
+        return before, handle.get_attribute("aria-valuenow")
 
-    def wait_for_outputs_to_change(self, before: str, notebook_name: str) -> str:
-        """Wait until the outputs differ from ``before`` and are not empty; then settle."""
-        self.page.wait_for_function(
-            f"before => {{ const now = ({_OUTPUTS_SIGNATURE_JS})(); "
-            "return now !== before && now.length > 0; }",
-            arg=before,
-            timeout=RUN_ALL_TIMEOUT_MS,
-            polling=POLL_MS,
-        )
+    def wait_for_outputs_to_change(
+        self, before: str, notebook_name: str, timeout_ms: int = WIDGET_TIMEOUT_MS
+    ) -> str:
+        """Wait until the outputs differ from ``before`` and are not empty, then for the
+        kernel to be idle; the outputs' signature then. AssertionError if they never change."""
+        try:
+            self.page.wait_for_function(
+                f"before => {{ const now = ({_OUTPUTS_SIGNATURE_JS})(); "
+                "return now !== before && now.length > 0; }",
+                arg=before,
+                timeout=timeout_ms,
+                polling=POLL_MS,
+            )
+        except PlaywrightTimeoutError:
+            raise AssertionError(
+                f"no output of {notebook_name} changed within {timeout_ms / 1000:.0f} s"
+            ) from None
         self.wait_for_kernel_idle(notebook_name)
         return self.outputs_signature()
 

@@ -78,6 +78,7 @@ class LabServer:
     """A running ``jupyter lab`` process and the folders it works in."""
 
     workdir: Path
+    course_root: Path
     root: Path
     exchange: Path
     env: dict[str, str]
@@ -130,6 +131,7 @@ class LabServer:
         )
         server = cls(
             workdir=workdir,
+            course_root=course_root,
             root=root,
             exchange=folders["exchange"],
             env=env,

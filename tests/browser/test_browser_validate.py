@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import ASSIGNMENT, COURSE
 from lab_page import LabPage
 from lab_server import LabServer
 
@@ -22,13 +21,13 @@ EXERCISE = "ex1_equal_shards.ipynb"
 
 
 @pytest.fixture(scope="module")
-def student_folders(lab_server: LabServer) -> dict[str, str]:
+def student_folders(lab_server: LabServer, assignment: str) -> dict[str, str]:
     """``blank`` and ``solved`` copies of the assignment, as paths relative to the server root."""
     folders = {}
     for kind, origin in (("blank", "release"), ("solved", "source")):
-        relative = Path("student") / kind / ASSIGNMENT
+        relative = Path("student") / kind / assignment
         shutil.copytree(
-            COURSE / origin / ASSIGNMENT,
+            lab_server.course_root / origin / assignment,
             lab_server.root / relative,
             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
         )

@@ -47,9 +47,9 @@ def test_lesson_runs_clean_and_slider_changes_its_output(
     lab.open_notebook(path)
 
     prompts = lab.run_all(lesson)
+    assert lab.error_outputs() == [], "Run All rendered error outputs"
     not_run = [prompt for prompt in prompts if not re.fullmatch(r"\[\d+\]:", prompt)]
     assert prompts and not not_run, f"cells that did not run: {not_run} of {prompts}"
-    assert lab.error_outputs() == [], "Run All rendered error outputs"
     lab.save(lesson)
     saved = nbformat.read(lab_server.root / path, as_version=4)
     assert saved_errors(saved) == []
@@ -60,7 +60,8 @@ def test_lesson_runs_clean_and_slider_changes_its_output(
     assert slider.count() == 1, f"{lesson} shows no slider after Run All"
     slider.scroll_into_view_if_needed()
     before = lab.outputs_signature()
-    lab.nudge_slider(slider)
+    old_value, new_value = lab.nudge_slider(slider)
+    assert new_value != old_value
     after = lab.wait_for_outputs_to_change(before, lesson)
     assert after != before
     assert lab.error_outputs() == [], "moving the slider rendered an error"
