@@ -208,11 +208,13 @@ def submit(
     edit: Edit | None = None,
     raw: dict[str, str] | None = None,
     timestamp: str = "2026-01-15 10:00:00.000000 UTC",
+    omit: tuple[str, ...] = (),
 ) -> Path:
     """Put a submission into ``submitted/<student>/tiny``.
 
     The released notebooks are changed by ``edit`` (a function of ``{name: notebook}``);
-    ``raw`` then overwrites whole files with the given text (for corrupt JSON).
+    ``raw`` then overwrites whole files with the given text (for corrupt JSON); notebooks named
+    in ``omit`` are left out.
     """
     notebooks = {name: course.release(name) for name in source_notebooks()}
     if edit is not None:
@@ -222,7 +224,8 @@ def submit(
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     for name, nb in notebooks.items():
-        nbformat.write(nb, folder / f"{name}.ipynb")
+        if name not in omit:
+            nbformat.write(nb, folder / f"{name}.ipynb")
     for name, text in (raw or {}).items():
         (folder / f"{name}.ipynb").write_text(text)
     (folder / "timestamp.txt").write_text(timestamp)

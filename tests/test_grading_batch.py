@@ -60,6 +60,7 @@ SUBMISSIONS = {
     "corrupt": dict(edit=solve, raw={"squares": '{"cells": [ {"cell_type": "code", '}),
     "edited": dict(edit=_with(squares__test_square="pass  # no tests here")),
     "deleted": dict(edit=_deleted),
+    "partial": dict(edit=solve, omit=("squares",)),
     "huge": dict(
         edit=_with(
             doubles__double="print('x' * 3_000_000)\nfor i in range(20_000):\n    print(i)\n"
@@ -88,6 +89,7 @@ EXPECTED = {  # student: (status, {notebook: status})
         {"squares": "graded: test cells restored (deleted test_square)"},
     ),
     "huge": ("graded", {"doubles": "graded"}),
+    "partial": ("graded", {"squares": "not submitted", "doubles": "graded"}),
 }
 NOT_GRADED = {"kill", "corrupt"}  # nbgrader produced no autograded notebook for these
 
@@ -96,7 +98,7 @@ NOT_GRADED = {"kill", "corrupt"}  # nbgrader produced no autograded notebook for
 def graded(tmp_path_factory):
     course = make_course(tmp_path_factory.mktemp("batch") / "course")
     for student, how in SUBMISSIONS.items():
-        submit(course, student, how.get("edit"), how.get("raw"))
+        submit(course, student, how.get("edit"), how.get("raw"), omit=how.get("omit", ()))
     stream = io.StringIO()
     options = BatchOptions(
         "tiny", course.root, workers=2, timeout_per_submission=240, memory_limit_mb=1536
@@ -122,6 +124,7 @@ def test_real_zero_is_a_grade_and_a_failure_is_not(graded):
     rows = {row.outcome.student: row for row in result.rows}
     assert rows["blank"].total == 0 and rows["good"].total == rows["good"].max_score == 4
     assert rows["hidden_fail"].total == 2  # visible test passed, hidden one failed: 1 + 1 of 4
+    assert rows["partial"].total == 1  # the notebook not handed in counts as a real zero
     for student in ("loop", "kill", "memory", "corrupt"):
         assert rows[student].total is None
     with result.summary_csv.open() as handle:
@@ -151,10 +154,10 @@ def test_submissions_that_could_not_be_graded_leave_no_autograded_folder(graded)
         if student in NOT_GRADED:
             assert not folder.exists(), student
         else:
-            assert sorted(p.name for p in folder.glob("*.ipynb")) == [
-                "doubles.ipynb",
-                "squares.ipynb",
-            ]
+            expected = (
+                ["doubles.ipynb"] if student == "partial" else ["doubles.ipynb", "squares.ipynb"]
+            )
+            assert sorted(p.name for p in folder.glob("*.ipynb")) == expected
     assert not list(result.out_dir.glob("logs/.grading-workers-*"))  # worker copies cleaned
 
 
@@ -180,7 +183,8 @@ def test_feedback_exists_for_graded_students_without_hidden_tests(graded):
         if student in NOT_GRADED:
             assert pages == []
             continue
-        assert [p.name for p in pages] == ["doubles.html", "squares.html"], student
+        expected = ["doubles.html"] if student == "partial" else ["doubles.html", "squares.html"]
+        assert [p.name for p in pages] == expected, student
         for page in pages:
             assert HIDDEN_MARKER not in page.read_text(), page
             assert "BEGIN HIDDEN TESTS" not in page.read_text(), page

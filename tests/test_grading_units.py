@@ -252,3 +252,22 @@ def test_run_limited_memory_cap_gives_a_clean_memory_error(tmp_path):
         "test_grading_units:allocate", ["64"], 60, log, grading_env(), tmp_path, 1024
     )
     assert free.returncode == 0 and not free.timed_out
+
+
+def test_batch_command_refuses_an_assignment_that_was_never_generated(tmp_path, capsys):
+    from chainrule.grading.__main__ import main
+
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")
+    assert main(["batch", "nope", "--course-root", str(tmp_path)]) == 2
+    assert "nbgrader generate_assignment nope" in capsys.readouterr().err
+
+
+def test_batch_command_passes_config_overrides_and_rejects_other_options():
+    from chainrule.grading.__main__ import build_parser, main
+
+    args, extra = build_parser().parse_known_args(
+        ["batch", "ps1", "--workers", "2", "--Execute.timeout=5", "--memory-limit-mb", "0"]
+    )
+    assert (args.workers, args.memory_limit_mb, extra) == (2, None, ["--Execute.timeout=5"])
+    with pytest.raises(SystemExit):
+        main(["batch", "ps1", "--bogus"])

@@ -3,7 +3,7 @@
 ``python -m chainrule.grading batch <assignment> [--workers N] [--timeout-per-submission S]
 [--memory-limit-mb M] [--student ID ...] [--config-file F] [--Class.trait=value ...]``
 grades, flags, gives feedback, exports and summarises (exit 0 when every notebook was graded,
-3 when some could not be).
+3 when some could not be, 2 when the assignment is not in the gradebook).
 
 ``python -m chainrule.grading validate <notebook.ipynb> [--course-root DIR]``
 validates with nbgrader's Validator and exits 1 when a test fails (0 when all pass).
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from chainrule.grading.batch import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, BatchOptions
 
+EXIT_USAGE = 2
 EXIT_NOT_ALL_GRADED = 3
 
 
@@ -89,7 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir=args.out,
         feedback=not args.no_feedback,
     )
-    result = run_batch(options)
+    try:
+        result = run_batch(options)
+    except LookupError as error:  # the assignment was never generated
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     return 0 if result.all_graded else EXIT_NOT_ALL_GRADED
 
 

@@ -26,7 +26,7 @@ from chainrule.grading import summary
 from chainrule.grading.config import CourseLayout, grading_env, load_config
 from chainrule.grading.export import export_grades
 from chainrule.grading.feedback import generate_feedback
-from chainrule.grading.gradebooks import flag_failed
+from chainrule.grading.gradebooks import assignment_notebooks, flag_failed
 from chainrule.grading.grader import GradingJob, GradingTarget, Progress, grade_student_safely
 from chainrule.grading.outcomes import StudentOutcome
 from chainrule.grading.parallel import grade_in_parallel
@@ -78,31 +78,18 @@ def submitted_students(layout: CourseLayout, assignment: str) -> list[str]:
     return sorted(p.name for p in layout.submitted.iterdir() if (p / assignment).is_dir())
 
 
-def assignment_notebooks(layout: CourseLayout, assignment: str) -> list[str]:
-    """The assignment's notebooks in the gradebook (``LookupError`` if it was never generated)."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    with Gradebook(layout.db_url, layout.course_id) as gb:
-        try:
-            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
-        except MissingEntry:
-            raise LookupError(
-                f"assignment {assignment!r} is not in the gradebook {layout.db_url}: "
-                f"run `nbgrader generate_assignment {assignment}` first"
-            ) from None
-
-
 def make_job(options: BatchOptions, out_dir: Path) -> GradingJob:
     """The shared grading job for this batch."""
     config = load_config(options.course_root, options.config_files, options.overrides)
     layout = CourseLayout.from_config(config)
+    notebooks = assignment_notebooks(layout.db_url, layout.course_id, options.assignment)
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     return GradingJob(
         assignment=options.assignment,
         layout=layout,
         config=config,
-        notebooks=assignment_notebooks(layout, options.assignment),
+        notebooks=notebooks,
         logs=logs,
         env=grading_env(),
         timeout_s=options.timeout_per_submission,
@@ -117,7 +104,12 @@ def grade_all(
 ) -> list[StudentOutcome]:
     """Grade ``students`` one after another (``workers <= 1``) or in parallel."""
     if workers > 1 and len(students) > 1:
-        return grade_in_parallel(job, students, min(workers, len(students)), progress.report)
+        if job.layout.db_url.startswith("sqlite:///"):
+            return grade_in_parallel(job, students, min(workers, len(students)), progress.report)
+        print(
+            "parallel grading needs an SQLite gradebook; grading one after another",
+            file=progress.stream,
+        )
     outcomes = []
     for student in students:
         outcome = grade_student_safely(job, student, GradingTarget())

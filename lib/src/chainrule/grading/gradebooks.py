@@ -1,4 +1,4 @@
-"""Gradebook operations of the grading pipeline: copy, merge back, snapshot, flag for review.
+"""Gradebook operations of the grading pipeline: list, copy, merge back, snapshot, flag.
 
 nbgrader's SQLite gradebook is not safe for concurrent writers, so each parallel worker grades
 into its own copy (:func:`copy_gradebook`), and :func:`merge_submissions` writes what autograde
@@ -27,6 +27,19 @@ SUBMISSION_FIELDS = ("timestamp", "extension")
 NOTEBOOK_FIELDS = ("flagged", "late_submission_penalty")
 GRADE_FIELDS = ("auto_score", "manual_score", "extra_credit", "needs_manual_grade")
 COMMENT_FIELDS = ("auto_comment", "manual_comment")
+
+
+def assignment_notebooks(db_url: str, course_id: str, assignment: str) -> list[str]:
+    """The notebook names of ``assignment``, in order (``LookupError`` if it was never
+    generated)."""
+    with Gradebook(db_url, course_id) as gb:
+        try:
+            return [nb.name for nb in gb.find_assignment(assignment).notebooks]
+        except MissingEntry:
+            raise LookupError(
+                f"assignment {assignment!r} is not in the gradebook {db_url}: "
+                f"run `nbgrader generate_assignment {assignment}` first"
+            ) from None
 
 
 def copy_gradebook(db_url: str, destination: Path) -> str:

@@ -23,6 +23,7 @@ import nbformat
 from traitlets.config import Config
 
 from chainrule.grading.config import CourseLayout, load_config
+from chainrule.grading.gradebooks import assignment_notebooks
 from chainrule.grading.limits import with_output_size_limit
 from chainrule.grading.outcomes import (
     LIMIT_ERRORS,
@@ -32,14 +33,6 @@ from chainrule.grading.outcomes import (
 )
 from chainrule.grading.sandbox import apply_memory_limit
 from chainrule.grading.tamper import find_restored_cells, released_cells
-
-
-def assignment_notebooks(layout: CourseLayout, assignment: str) -> list[str]:
-    """The notebook names of ``assignment`` in the gradebook, in order."""
-    from nbgrader.api import Gradebook
-
-    with Gradebook(layout.db_url, layout.course_id) as gb:
-        return [nb.name for nb in gb.find_assignment(assignment).notebooks]
 
 
 def detect_restored(
@@ -168,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.CourseDirectory.autograded_directory = args.autograded_dir
     layout = CourseLayout.from_config(config)
     record = WorkerRecord(args.record, args.student)
-    for notebook in assignment_notebooks(layout, args.assignment):
+    for notebook in assignment_notebooks(layout.db_url, layout.course_id, args.assignment):
         record.start(notebook)
         outcome = grade_notebook(layout, config, args.assignment, args.student, notebook)
         logging.info("%s/%s: %s %s", args.student, notebook, outcome.status, outcome.detail)
