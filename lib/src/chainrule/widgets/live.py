@@ -96,8 +96,9 @@ class LiveWidget(ipywidgets.VBox):
 
 def html_table(header: list[str], rows: list[list[Any]]) -> str:
     """A plain HTML table (cells converted with ``str``)."""
-    head = "".join(f"<th>{h}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    cell = 'style="padding: 2px 12px; text-align: left"'
+    head = "".join(f"<th {cell}>{h}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td {cell}>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
