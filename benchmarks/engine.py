@@ -85,7 +85,7 @@ def chain_rows(kind: str, n_ops: int = 100, size: int = 8, repeat: int = 15) -> 
     torch = torch_chain(kind, x0, w0, n_ops)
     agree = bool(np.allclose(engine(), torch(), rtol=1e-3, atol=1e-4))
     samples = compare({"engine": engine, "torch": torch}, repeat)
-    per_op = {name: median(s) / n_ops for name, s in samples.items()}
+    per_op = {name: median(s.wall) / n_ops for name, s in samples.items()}
     return [
         make_row(
             f"engine.chain.{kind}",
@@ -93,7 +93,8 @@ def chain_rows(kind: str, n_ops: int = 100, size: int = 8, repeat: int = 15) -> 
             per_op["engine"],
             per_op["torch"],
             "PyTorch eager",
-            paired_ratio(samples["engine"], samples["torch"]),
+            paired_ratio(samples["engine"].wall, samples["torch"].wall),
+            cpu_ratio=paired_ratio(samples["engine"].cpu, samples["torch"].cpu),
             agree=agree,
             n_ops=n_ops,
         )
@@ -233,7 +234,7 @@ def mlp_rows(width: int, repeat: int = 15) -> list[Row]:
     engine, torch, numpy = (cls(params, x, t) for cls in (EngineMLP, TorchMLP, NumpyMLP))
     agree = _agree([engine, torch, numpy])
     samples = compare({"engine": engine.step, "torch": torch.step, "numpy": numpy.step}, repeat)
-    times = {name: median(s) for name, s in samples.items()}
+    times = {name: median(s.wall) for name, s in samples.items()}
     label = f"MLP step, batch {BATCH}, width {width}"
     return [
         make_row(
@@ -242,7 +243,8 @@ def mlp_rows(width: int, repeat: int = 15) -> list[Row]:
             times["engine"],
             times["torch"],
             "PyTorch eager",
-            paired_ratio(samples["engine"], samples["torch"]),
+            paired_ratio(samples["engine"].wall, samples["torch"].wall),
+            cpu_ratio=paired_ratio(samples["engine"].cpu, samples["torch"].cpu),
             agree=agree,
         ),
         make_row(
@@ -251,7 +253,8 @@ def mlp_rows(width: int, repeat: int = 15) -> list[Row]:
             times["engine"],
             times["numpy"],
             "hand-written numpy",
-            paired_ratio(samples["engine"], samples["numpy"]),
+            paired_ratio(samples["engine"].wall, samples["numpy"].wall),
+            cpu_ratio=paired_ratio(samples["engine"].cpu, samples["numpy"].cpu),
             agree=agree,
         ),
     ]

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +82,28 @@ def pin_torch_threads() -> Any:
 # -- timers ----------------------------------------------------------------------------------
 
 
-def time_calls(fn: Callable[[], Any], number: int) -> float:
-    """Seconds per call of ``fn`` over ``number`` back-to-back calls (garbage collector off)."""
+@dataclass
+class Samples:
+    """Per-call seconds of one candidate: wall-clock time, and this thread's CPU time.
+
+    On a loaded machine the wall clock also counts the time the thread waited for a core;
+    the CPU time does not, so for single-threaded work it is the steadier of the two.
+    """
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+
+def time_calls(fn: Callable[[], Any], number: int) -> tuple[float, float]:
+    """Wall and CPU seconds per call of ``fn`` over ``number`` back-to-back calls (garbage
+    collector off)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         for _ in range(number):
             fn()
-        return (time.perf_counter() - start) / number
+        return (time.perf_counter() - wall) / number, (time.thread_time() - cpu) / number
     finally:
         if enabled:
             gc.enable()
@@ -98,13 +112,13 @@ def time_calls(fn: Callable[[], Any], number: int) -> float:
 def calibrate(fn: Callable[[], Any], target_s: float) -> int:
     """How many calls of ``fn`` take about ``target_s`` seconds (at least one); warms it up."""
     fn()
-    single = max(time_calls(fn, 1), 1e-7)
+    single = max(time_calls(fn, 1)[0], 1e-7)
     return max(1, int(target_s / single))
 
 
 def compare(
     candidates: Mapping[str, Callable[[], Any]], repeat: int, target_s: float = 0.01
-) -> dict[str, list[float]]:
+) -> dict[str, Samples]:
     """Seconds-per-call samples of each candidate, the candidates alternating sample by sample.
 
     Each sample runs a candidate ``number`` times, calibrated so that a sample lasts about
@@ -112,11 +126,13 @@ def compare(
     candidates see the same load, so their ratios are paired (see :func:`paired_ratio`).
     """
     numbers = {name: calibrate(fn, target_s) for name, fn in candidates.items()}
-    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    samples = {name: Samples() for name in candidates}
     gc.collect()
     for _ in range(repeat):
         for name, fn in candidates.items():
-            samples[name].append(time_calls(fn, numbers[name]))
+            wall, cpu = time_calls(fn, numbers[name])
+            samples[name].wall.append(wall)
+            samples[name].cpu.append(cpu)
     return samples
 
 
@@ -125,8 +141,10 @@ def median(values: Iterable[float]) -> float:
 
 
 def paired_ratio(subject: Sequence[float], baseline: Sequence[float]) -> float:
-    """The median of ``subject[i] / baseline[i]`` over samples taken side by side."""
-    return median(s / b for s, b in zip(subject, baseline, strict=True))
+    """The median of ``subject[i] / baseline[i]`` over samples taken side by side (pairs with
+    a zero baseline, possible for CPU time at coarse clock resolution, are left out)."""
+    ratios = [s / b for s, b in zip(subject, baseline, strict=True) if b > 0]
+    return median(ratios) if ratios else math.nan
 
 
 # -- result rows -----------------------------------------------------------------------------
@@ -185,8 +203,8 @@ def combine(runs: Sequence[Sequence[Row]]) -> list[Row]:
     combined = []
     for rows in by_key.values():
         out = dict(rows[0])
-        for field in ("seconds", "baseline_seconds", "ratio"):
-            out[field] = _combine_values([r[field] for r in rows])
+        for name in ("seconds", "baseline_seconds", "ratio"):
+            out[name] = _combine_values([r[name] for r in rows])
         names = dict.fromkeys(name for r in rows for name in r["extra"])
         out["extra"] = {
             name: _combine_values([r["extra"].get(name) for r in rows]) for name in names
@@ -201,12 +219,12 @@ def combine(runs: Sequence[Sequence[Row]]) -> list[Row]:
 def check_rows(rows: Iterable[Row]) -> None:
     """Raise ValueError unless every time and ratio is a positive finite number."""
     for row in rows:
-        for field in ("seconds", "baseline_seconds", "ratio"):
-            value = row.get(field)
-            if field != "seconds" and value is None:
+        for name in ("seconds", "baseline_seconds", "ratio"):
+            value = row.get(name)
+            if name != "seconds" and value is None:
                 continue
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{row.get('key')}: {field} is {value!r}")
+                raise ValueError(f"{row.get('key')}: {name} is {value!r}")
 
 
 # -- fresh processes -------------------------------------------------------------------------

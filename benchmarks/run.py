@@ -54,7 +54,9 @@ FAMILIES: tuple[Family, ...] = (
         "tanh MLP (batch 64, widths w → w → w → 10, mean cross-entropy, backward, SGD), "
         "against PyTorch eager and against the same step with the chain rule written by hand "
         "in numpy. *agree*: the implementations' losses and updated weights after one step "
-        "from the same weights match. Anchors on this kind of machine: PyTorch 4.8 µs per mul, "
+        "from the same weights match. *cpu ratio*: the same paired ratio on the thread's CPU "
+        "time, which leaves out the time spent waiting for a core (steadier when the machine "
+        "is loaded). Anchors on this kind of machine: PyTorch 4.8 µs per mul, "
         "6.0 µs per matmul, steps of 0.100 / 0.150 / 4.34 ms at widths 8 / 64 / 512.",
     ),
     Family(
@@ -70,7 +72,9 @@ FAMILIES: tuple[Family, ...] = (
         "memcpy moves: P for all_reduce and all_to_all (P inputs of S read, P outputs of S "
         "written), (P + 1)/2 for all_gather and reduce_scatter. Timed as a loop of calls "
         "after one untimed call (result arrays already mapped, as in a training loop). The "
-        "1 KB row is the time per call of a loop of all_reduces: the cost of the rendezvous.",
+        "1 KB row is the time per call of a loop of all_reduces: the cost of the rendezvous; "
+        "its *cpu per call* is the CPU time of all ranks' threads together per call (what "
+        "the calls compute, without the time spent waiting for a core).",
     ),
     Family(
         "gloo",
@@ -85,7 +89,9 @@ FAMILIES: tuple[Family, ...] = (
         "backward: one all-reduce each way, so 2× is its floor; `f̄(x)` alone carries one. "
         "Bus bandwidth (nccl-tests): algbw = S/t with S the largest buffer of a rank, busbw = "
         "algbw × 2(n−1)/n for all_reduce and × (n−1)/n for all_gather, reduce_scatter and "
-        "all_to_all. Anchors: all_reduce of 1 KB 0.2–0.26 ms, 64 MB at about 1.7 GB/s busbw.",
+        "all_to_all. *best ratio*: the fastest subject sample over the fastest baseline "
+        "sample, the view least disturbed by other work on the machine. Anchors: all_reduce "
+        "of 1 KB 0.2–0.26 ms, 64 MB at about 1.7 GB/s busbw.",
     ),
     Family(
         "startup",

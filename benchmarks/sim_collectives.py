@@ -65,8 +65,9 @@ def _collective(op: str) -> Callable[[np.ndarray], Any]:
     }[op]
 
 
-def _timed_loop(inputs: list[np.ndarray], op: str, calls: int) -> float:
-    """SPMD body: one untimed call, then ``calls`` timed calls; seconds per call (rank 0)."""
+def _timed_loop(inputs: list[np.ndarray], op: str, calls: int) -> tuple[float, float]:
+    """SPMD body: one untimed call, then ``calls`` timed calls; wall seconds per call and the
+    process's CPU seconds per call (all ranks' threads together), measured on rank 0."""
     from chainrule import dist
 
     collective = _collective(op)
@@ -74,16 +75,16 @@ def _timed_loop(inputs: list[np.ndarray], op: str, calls: int) -> float:
     result = collective(x)
     del result  # the pool may hand this array out again
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(calls):
         result = collective(x)
         del result
     dist.barrier()
-    return (time.perf_counter() - start) / calls
+    return (time.perf_counter() - start) / calls, (time.process_time() - cpu) / calls
 
 
-def collective_seconds(op: str, inputs: list[np.ndarray], calls: int) -> float:
-    """Seconds per call of ``op`` in a simulated world of ``len(inputs)`` ranks."""
+def collective_seconds(op: str, inputs: list[np.ndarray], calls: int) -> tuple[float, float]:
+    """Wall and CPU seconds per call of ``op`` in a simulated world of ``len(inputs)`` ranks."""
     from chainrule import dist
 
     return dist.run(_timed_loop, len(inputs), args=(inputs, op, calls))[0]
@@ -106,8 +107,8 @@ def bandwidth_rows(
         inputs = rank_inputs(op, size_bytes, world)
         copies, collectives = [], []
         for _ in range(repeat):
-            copies.append(time_calls(lambda: np.copyto(dst, src), calls))
-            collectives.append(collective_seconds(op, inputs, calls))
+            copies.append(time_calls(lambda: np.copyto(dst, src), calls)[0])
+            collectives.append(collective_seconds(op, inputs, calls)[0])
         units = [c / m for c, m in zip(collectives, copies, strict=True)]
         floor = floor_units(op, world)
         rows.append(
@@ -137,7 +138,8 @@ def small_call_rows(
         make_row(
             f"sim.all_reduce.{size_bytes}B",
             f"sim all_reduce, P={world}, {size_bytes} B: time per call",
-            median(samples),
+            median(wall for wall, _ in samples),
+            cpu_per_call_s=median(cpu for _, cpu in samples),
             calls=calls,
         )
     ]

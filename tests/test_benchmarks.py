@@ -77,7 +77,8 @@ def test_check_rows_rejects_non_positive_or_missing_times():
 def test_compare_pairs_samples_of_each_candidate():
     samples = harness.compare({"fast": lambda: None, "slow": lambda: sum(range(2000))}, 3, 1e-4)
     assert set(samples) == {"fast", "slow"}
-    assert all(len(s) == 3 and min(s) > 0 for s in samples.values())
+    for s in samples.values():
+        assert len(s.wall) == len(s.cpu) == 3 and min(s.wall) > 0 and min(s.cpu) >= 0
 
 
 # -- the families at tiny sizes --------------------------------------------------------------
@@ -91,7 +92,7 @@ def test_engine_rows():
         rows,
         ["engine.chain.mul", "engine.chain.matmul", "engine.mlp.8.torch", "engine.mlp.8.numpy"],
     )
-    assert all(row["extra"]["agree"] is True for row in rows)
+    assert all(row["extra"]["agree"] is True and row["extra"]["cpu_ratio"] > 0 for row in rows)
 
 
 def test_engine_agreement_check_catches_a_different_update():
@@ -111,6 +112,7 @@ def test_sim_rows():
     check_rows(rows, [f"sim.{op}.1MB" for op in ops] + ["sim.all_reduce.1024B"])
     floors = [row["extra"]["floor_units"] for row in rows[:4]]
     assert floors == [4.0, 2.5, 2.5, 4.0]
+    assert rows[-1]["extra"]["cpu_per_call_s"] > 0
 
 
 def test_sim_inputs_make_the_largest_buffer_the_stated_size():
@@ -131,6 +133,7 @@ def test_gloo_rows():
     )
     assert all(row["extra"]["agree"] is True for row in rows[:3])
     assert all(row["extra"]["busbw_gb_s"] > 0 for row in rows[3:])
+    assert all(row["extra"]["best_ratio"] > 0 for row in rows)
     assert gloo_collectives.bus_factor("all_reduce", 2) == 1.0
     assert gloo_collectives.bus_factor("all_gather", 4) == 0.75
 
