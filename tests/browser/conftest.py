@@ -127,7 +127,7 @@ def released_assignment(lab_server: LabServer, assignment: str) -> str:
     ):
         result = lab_server.run(*command)
         output = result.stdout + result.stderr
-        assert result.returncode == 0 and "[ERROR]" not in output, (
+        assert result.returncode == 0 and "| ERROR]" not in output, (
             f"{' '.join(command)} failed:\n{output}"
         )
     return assignment

@@ -24,12 +24,16 @@ WIDGET_TIMEOUT_MS = 60_000
 # Long waits poll the page every POLL_MS instead of on every animation frame.
 POLL_MS = 200
 
+# The code cells of the notebook in the current tab.
+_CODE_CELLS = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell"
+
 # A signature of every output in the notebook except the slider controls themselves: the
 # widget's readout changes with the slider, the outputs it drives must change on their own.
 _OUTPUTS_SIGNATURE_JS = """
 () => {
   const parts = [];
-  for (const area of document.querySelectorAll('.jp-Notebook .jp-OutputArea')) {
+  const current = '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-OutputArea';
+  for (const area of document.querySelectorAll(current)) {
     const copy = area.cloneNode(true);
     copy.querySelectorAll('.widget-slider, .widget-readout, .widget-label')
         .forEach(node => node.remove());
@@ -113,30 +117,41 @@ class LabPage:
             raise AssertionError(f"menu item {menu} ▸ {command} is disabled")
         item.click()
 
-    def code_cells(self) -> Locator:
-        return self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell")
+    def clear_all_outputs(self) -> None:
+        """Edit ▸ Clear Outputs of All Cells; wait until no cell shows an output or a count."""
+        self.click_menu("Edit", "editmenu:clear-all")
+        self.page.wait_for_function(
+            f"""() => {{
+              const cells = [...document.querySelectorAll('{_CODE_CELLS}')];
+              return cells.every(c => !/\\d/.test(c.querySelector('.jp-InputPrompt').textContent)
+                                      && !c.querySelector('.jp-OutputArea-output'));
+            }}""",
+            polling=POLL_MS,
+        )
 
     def run_all(self, notebook_name: str, timeout_ms: int = RUN_ALL_TIMEOUT_MS) -> list[str]:
-        """Run ▸ Run All Cells; wait until no cell is pending and the kernel is idle.
+        """Clear all outputs, then Run ▸ Run All Cells; wait until no cell is pending and the
+        kernel is idle. Returns the input prompts of the non-empty code cells ("[3]:" once a
+        cell has run, "[ ]:" for cells not reached).
 
-        Returns the input prompts of the non-empty code cells ("[3]:" once a cell has run).
+        Clearing first means that an execution count seen afterwards comes from this run, not
+        from outputs stored in the notebook.
         """
+        self.clear_all_outputs()
         self.click_menu("Run", "runmenu:run-all")
         self.page.wait_for_function(
-            """() => {
-              const cells = [...document.querySelectorAll(
-                  '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')];
+            f"""() => {{
+              const cells = [...document.querySelectorAll('{_CODE_CELLS}')];
               const prompts = cells.map(c => c.querySelector('.jp-InputPrompt').textContent);
               if (prompts.some(p => p.includes('*'))) return false;
               return prompts.some(p => /\\[\\d+\\]/.test(p));
-            }""",
+            }}""",
             timeout=timeout_ms,
             polling=POLL_MS,
         )
         self.wait_for_kernel_idle(notebook_name, timeout_ms)
         return self.page.evaluate(
-            """() => [...document.querySelectorAll(
-                  '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell')]
+            f"""() => [...document.querySelectorAll('{_CODE_CELLS}')]
                 .filter(c => c.querySelector('.jp-InputArea-editor').textContent.trim() !== '')
                 .map(c => c.querySelector('.jp-InputPrompt').textContent.trim())"""
         )
@@ -144,7 +159,8 @@ class LabPage:
     def stderr_outputs(self) -> list[str]:
         """Text of every output rendered with the stderr MIME type (warnings and errors)."""
         return self.page.locator(
-            '.jp-Notebook .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+            ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-OutputArea-output"
+            '[data-mime-type="application/vnd.jupyter.stderr"]'
         ).all_inner_texts()
 
     def error_outputs(self) -> list[str]:
