@@ -25,7 +25,7 @@ import ipywidgets
 from matplotlib.figure import Figure
 
 
-def figure_png(figure: Figure, dpi: int = 90) -> bytes:
+def figure_png(figure: Figure, dpi: int = 100) -> bytes:
     """The figure rendered as PNG bytes."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
@@ -55,7 +55,12 @@ class LiveWidget(ipywidgets.VBox):
         self.render_table = render_table
         self.render_figure = render_figure
         self.table = ipywidgets.HTML()
-        self.plot = ipywidgets.Image(format="png") if render_figure is not None else None
+        self.plot = (
+            # flex-start: keep the PNG at its own size instead of stretching it to the row
+            ipywidgets.Image(format="png", layout=ipywidgets.Layout(align_self="flex-start"))
+            if render_figure is not None
+            else None
+        )
         self.last_result: Any = None
         self.error = ""
         parts: list[ipywidgets.Widget] = [ipywidgets.HBox(list(self.controls.values())), self.table]
