@@ -145,6 +145,12 @@ def test_none_zeros_and_nan_are_named():
     assert "NaN or infinity" in failure(fb.expect_close, [1.0, np.nan, 1.0], expected, "g")
 
 
+def test_a_value_that_is_not_numeric_fails_as_an_assertion():
+    message = failure(fb.expect_close, {"grad": 1.0}, np.ones(2), "f(x)")
+    assert "received {'grad': 1.0} of type dict, which is not a number" in message
+    assert "not a number" in failure(fb.expect_close, [np.ones(2), np.ones(3)], np.ones(2), "g")
+
+
 def test_diagnose_returns_nothing_for_an_unrelated_value():
     expected = RNG.standard_normal(6)
     assert fb.diagnose(RNG.standard_normal(6), expected, ranks=2, tokens=[1, 2]) == []

@@ -245,14 +245,21 @@ def expect_close(
     On failure the AssertionError names ``what`` was checked, shows both values and adds the
     likely mistakes found by :func:`diagnose` (same keyword arguments).
     """
+    e = as_array(expected)
     if received is not None:
-        r, e = as_array(received), as_array(expected)
+        try:
+            r = as_array(received)
+        except (TypeError, ValueError):
+            raise AssertionError(
+                f"{what}: expected {show(e)}, received {received!r} of type "
+                f"{type(received).__name__}, which is not a number or an array of numbers"
+            ) from None
         if _close(r, e, rtol, atol):
             return
     hints = diagnose(
         received, expected, ranks=ranks, tokens=tokens, local_means=local_means, mistakes=mistakes
     )
-    message = f"{what}: expected {show(as_array(expected))}, received "
+    message = f"{what}: expected {show(e)}, received "
     message += "None" if received is None else show(as_array(received))
     raise AssertionError(message + "".join(f"\nLikely mistake: {h}." for h in hints))
 
