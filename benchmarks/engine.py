@@ -267,7 +267,7 @@ WIDTHS = (8, 64, 512)
 
 def measure(quick: bool = False) -> list[Row]:
     """Every engine row (run it in a fresh process: see :func:`benchmarks.harness.run_fresh`)."""
-    repeat = 3 if quick else 15
+    repeat = 3 if quick else 21
     n_ops = 10 if quick else 100
     widths = (8,) if quick else WIDTHS
     rows = [row for kind in ("mul", "matmul") for row in chain_rows(kind, n_ops, repeat=repeat)]

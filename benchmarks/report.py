@@ -103,11 +103,14 @@ def rows_table(rows: Sequence[Row]) -> list[str]:
 def _verdict_value(verdict: Verdict) -> str:
     if verdict.value is None:
         return "—"
-    if verdict.goal.field == "seconds":
+    if verdict.unit == "seconds":
         shown = fmt_time(verdict.value)
     else:
         shown = fmt_ratio(verdict.value)
-    return f"{shown} (`{verdict.key}`)"
+    where = (
+        verdict.key if verdict.field in ("seconds", "ratio") else f"{verdict.key}, {verdict.field}"
+    )
+    return f"{shown} (`{where}`)"
 
 
 def _verdict_word(verdict: Verdict) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -121,6 +122,22 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+def code_version() -> str:
+    """The commit the library was measured at, and whether ``lib/`` had uncommitted changes."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--", "lib"], cwd=REPO, capture_output=True, text=True
+        ).stdout.splitlines()
+    except OSError:
+        return "unknown (no git)"
+    if not commit:
+        return "unknown (not a git checkout)"
+    return f"{commit}" + (f" with {len(changed)} uncommitted file(s) in lib/" if changed else "")
+
+
 def measure_family(family: Family, quick: bool, runs: int | None) -> list[Row]:
     """The family's rows: medians over ``runs`` fresh processes (1 when ``quick``)."""
     count = 1 if quick else (runs or family.runs)
@@ -164,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": command.strip(),
         "minutes": (time.perf_counter() - started) / 60,
         "quick": args.quick,
+        "code": code_version(),
         "load_start": load_start,
         "load_end": load_average(),
     }

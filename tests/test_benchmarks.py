@@ -180,8 +180,11 @@ def test_grading_submissions_leave_one_cell_each(tmp_path):
 # -- goals and report ------------------------------------------------------------------------
 
 
-def _goal_rows(ratio, agree=True):
-    return [harness.make_row("engine.mlp.8.torch", "MLP", 1.0, 1.0, "torch", ratio, agree=agree)]
+def _goal_rows(ratio, agree=True, cpu_ratio=0.5):
+    row = harness.make_row(
+        "engine.mlp.8.torch", "MLP", 1.0, 1.0, "torch", ratio, agree=agree, cpu_ratio=cpu_ratio
+    )
+    return [row]
 
 
 def test_goals_are_judged_on_the_worst_row_and_their_checks():
@@ -191,7 +194,9 @@ def test_goals_are_judged_on_the_worst_row_and_their_checks():
     failed = goals.judge(goal, _goal_rows(0.9, agree=False))
     assert failed.met is False and failed.failed_checks == ("agree",)
     assert goals.judge(goal, []).met is None
-    at_least = goals.Goal("x", "speedup", ("a", "b"), "ratio", 1.8, at_most=False)
+    by_cpu = goals.judge(goal, _goal_rows(0.9, cpu_ratio=1.3))  # both clocks must meet it
+    assert by_cpu.met is False and by_cpu.field == "cpu_ratio" and by_cpu.value == 1.3
+    at_least = goals.Goal("x", "speedup", ("a", "b"), ("ratio",), 1.8, at_most=False)
     rows = [harness.make_row(k, k, 1.0, 1.0, "b", r) for k, r in (("a", 2.0), ("b", 1.5))]
     verdict = goals.judge(at_least, rows)
     assert verdict.met is False and verdict.key == "b"
