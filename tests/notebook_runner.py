@@ -72,3 +72,13 @@ def execute(
                 values = json.loads(line[len(_FETCH_PREFIX) :])
         nb.cells.pop()
     return nb, values
+
+
+def run_lesson(
+    path: str | Path, fetch: list[str] | tuple[str, ...] = ()
+) -> tuple[nbformat.NotebookNode, dict[str, Any]]:
+    """Execute a lesson like a student's Run All and require that no cell ends in an error."""
+    nb, values = execute(path, fetch=fetch)
+    errors = error_outputs(nb)
+    assert errors == [], f"{Path(path).name} has error outputs: {errors}"
+    return nb, values

@@ -4,13 +4,12 @@ minute, and compute the numbers the syllabus states."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
-from notebook_runner import REPO, error_outputs, execute
+from notebook_runner import REPO, run_lesson
 
 COURSE = REPO / "course"
 LESSONS = {
@@ -20,17 +19,7 @@ LESSONS = {
     "averaging": COURSE / "03_averaging_is_exact.ipynb",
 }
 EXERCISES = sorted(p.name for p in (REPO / "source" / "check_yourself").glob("ex*.ipynb"))
-TIME_LIMIT_S = 60
 WORKED_EXAMPLES = [(1, 0), (2, 1), (3, 1), (4, 2)]  # the syllabus's given inputs, with w = 1
-
-
-def _run(path: Path, fetch: list[str]) -> tuple[nbformat.NotebookNode, dict]:
-    start = time.perf_counter()
-    nb, values = execute(path, fetch=fetch)
-    elapsed = time.perf_counter() - start
-    assert error_outputs(nb) == []
-    assert elapsed < TIME_LIMIT_S, f"{path.name} took {elapsed:.1f} s"
-    return nb, values
 
 
 def _outputs(nb: nbformat.NotebookNode, mime: str) -> list[str]:
@@ -105,7 +94,7 @@ def test_lessons_type_no_derived_numbers_into_prose():
 
 @pytest.mark.slow
 def test_start_page_runs_and_checks_the_installation():
-    nb, values = _run(LESSONS["start"], ["smoke", "backends", "has_gpu", "lesson_backend"])
+    nb, values = run_lesson(LESSONS["start"], ["smoke", "backends", "has_gpu", "lesson_backend"])
     assert values["smoke"] == [float(sum(r + 1 for r in range(4)))] * 4
     assert "sim" in values["backends"] and values["lesson_backend"] in values["backends"]
     report_text = "\n".join(_outputs(nb, "text/markdown"))
@@ -128,7 +117,7 @@ def test_lesson_1_reverse_mode():
         "backward_order",
         "type(chain_cost_widget).__name__",
     ]
-    nb, v = _run(LESSONS["reverse"], fetch)
+    nb, v = run_lesson(LESSONS["reverse"], fetch)
     for widths, right, left in v["rows"]:
         assert widths[-1] == 1
         assert right == sum(widths[k] * widths[k - 1] for k in range(1, len(widths)))
@@ -169,7 +158,7 @@ def test_lesson_2_split_graphs():
         "w0",
         "b0",
     ]
-    nb, v = _run(LESSONS["split"], fetch)
+    nb, v = run_lesson(LESSONS["split"], fetch)
     assert v["fan_out"] == [["v", 3]]
     assert v["widths"] == {"w": v["B"], "b": v["B"]}
     assert all(error < 1e-6 for error in v["max_errors"].values())
@@ -207,7 +196,7 @@ def test_lesson_3_averaging_is_exact():
         "theta0",
         "type(averaging_widget).__name__",
     ]
-    nb, v = _run(LESSONS["averaging"], fetch)
+    nb, v = run_lesson(LESSONS["averaging"], fetch)
     w = 1.0
     rank_0, rank_1 = WORKED_EXAMPLES[:2], WORKED_EXAMPLES[2:]
     expected_local = [_grad_of_mean_squares(rank_0, w), _grad_of_mean_squares(rank_1, w)]
