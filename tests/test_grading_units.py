@@ -254,6 +254,7 @@ def test_run_limited_memory_cap_gives_a_clean_memory_error(tmp_path):
     assert free.returncode == 0 and not free.timed_out
 
 
+@pytest.mark.slow  # creates an empty gradebook (nbgrader's tables and alembic stamp)
 def test_batch_command_refuses_an_assignment_that_was_never_generated(tmp_path, capsys):
     from chainrule.grading.__main__ import main
 

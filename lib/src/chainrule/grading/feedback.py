@@ -7,9 +7,13 @@ test cell, the hidden region of its source and every traceback line that quotes 
 The exception's name and message stay: that is where the test's teaching text is.
 
 To make nbgrader's own ``generate_feedback`` (and the formgrader's button) strip them too, set in
-``nbgrader_config.py``::
+``nbgrader_config.py`` (the list :data:`FEEDBACK_PREPROCESSORS`)::
 
-    c.GenerateFeedback.preprocessors = FEEDBACK_PREPROCESSORS
+    c.GenerateFeedback.preprocessors = [
+        "chainrule.grading.feedback.StripHiddenTests",
+        "nbgrader.preprocessors.GetGrades",
+        "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+    ]
 """
 
 from __future__ import annotations
