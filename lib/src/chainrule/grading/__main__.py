@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    batch = sub.add_parser("batch", help="autograde, feedback and export all submissions")
+    overrides = (
+        "Other --Class.trait=value options override nbgrader_config.py, e.g. --Execute.timeout=30."
+    )
+    batch = sub.add_parser(
+        "batch", help="autograde, feedback and export all submissions", epilog=overrides
+    )
     batch.add_argument("assignment")
     batch.add_argument("--course-root", type=Path, default=Path("."))
     batch.add_argument("--workers", type=int, default=1, help="parallel graders (default 1)")
@@ -53,14 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=lambda t: int(t) or None,
         default=DEFAULT_MEMORY_MB,
         metavar="M",
-        help=f"address-space limit per submission in MiB, 0 for none (default {DEFAULT_MEMORY_MB})",
+        help="address-space limit of the grader and of each kernel, in MiB; 0 for none "
+        f"(default {DEFAULT_MEMORY_MB})",
     )
     batch.add_argument("--student", action="append", default=[], help="grade only these")
     batch.add_argument("--config-file", action="append", default=[], help="extra nbgrader config")
     batch.add_argument("--out", type=Path, help="output folder (default grades/<assignment>)")
     batch.add_argument("--no-feedback", action="store_true", help="skip generate_feedback")
 
-    validate = sub.add_parser("validate", help="validate a notebook; exit 1 when a test fails")
+    validate = sub.add_parser(
+        "validate", help="validate a notebook; exit 1 when a test fails", epilog=overrides
+    )
     validate.add_argument("notebook", type=Path)
     validate.add_argument("--course-root", type=Path)
     return parser
