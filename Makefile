@@ -22,6 +22,7 @@ PORT ?= 8888
 export PATH := $(abspath $(BIN)):$(PATH)
 
 ASSIGNMENT ?= check_yourself
+WORKERS ?= 2
 
 .PHONY: install lab test lint bench grade release clean-venv
 
@@ -60,7 +61,7 @@ release: install
 	$(BIN)/nbgrader generate_assignment $(ASSIGNMENT) --force
 
 grade: install
-	$(PY) -m chainrule.grading batch $(ASSIGNMENT) $(GRADE_ARGS)
+	$(PY) -m chainrule.grading batch $(ASSIGNMENT) --workers $(WORKERS) $(GRADE_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -34,3 +34,13 @@ c.LimitOutput.max_traceback = 60
 
 # Test cells a student edited are restored from the gradebook; deleted ones are added back.
 c.OverwriteCells.add_missing_cells = True
+
+# Feedback without hidden tests, also from `nbgrader generate_feedback` and the formgrader
+# (nbgrader itself copies hidden tests into the feedback).
+c.GenerateFeedback.preprocessors = [
+    "chainrule.grading.feedback.StripHiddenTests",
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]
+# On one machine every submission is owned by the same OS user; don't warn about it at collect.
+c.ExchangeCollect.check_owner = False
