@@ -167,7 +167,8 @@ def render(
     load_start, load_end = run_info["load_start"], run_info["load_end"]
     out = [INTRO]
     out.append(
-        f"Generated {run_info['date']} by `{run_info['command']}` in {run_info['minutes']:.1f} min."
+        f"Generated {run_info['date']} by `{run_info['command']}` in "
+        f"{run_info['minutes']:.1f} min, the library at commit {run_info.get('code', 'unknown')}."
     )
     if run_info.get("quick"):
         out.append(

@@ -3,8 +3,10 @@
 ``python -m benchmarks.run --out BENCHMARKS.md [--quick] [--only engine,sim,...] [--runs N]``
 
 Each family's ``measure(quick)`` runs in fresh interpreters (:func:`benchmarks.harness.run_fresh`)
-as many times as its ``runs`` says; the rows are the medians over those runs. The raw rows, the
-machine and the verdicts also go to ``benchmarks/results/latest.json``.
+as many times as its ``runs`` says; the rows are the medians over those runs. The raw rows and
+the machine also go to ``benchmarks/results/latest.json`` (``quick.json`` for ``--quick``), from
+which ``--render-from`` rewrites the report without measuring again. The hand-written analysis in
+``benchmarks/findings.md`` is appended to a full run's report.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.goals import judge_all
+from benchmarks.goals import Verdict, judge_all
 from benchmarks.harness import (
     REPO,
     Row,
@@ -144,72 +146,84 @@ def measure_family(family: Family, quick: bool, runs: int | None) -> list[Row]:
     return run_fresh_repeated(family.target, {"quick": quick}, count, timeout=7200)
 
 
+def sections_of(rows: Sequence[Row]) -> list[Section]:
+    """The report's sections: each family's rows (a row's key starts with its family's name)."""
+    sections = []
+    for family in FAMILIES:
+        mine = [r for r in rows if r["key"].split(".")[0] == family.name]
+        if mine:
+            sections.append(Section(family.title, family.text, mine))
+    return sections
+
+
+def write_report(out: Path, raw: dict) -> list[Verdict]:
+    """Judge the rows of ``raw`` (as saved in the results JSON) and write the report."""
+    rows, run_info = raw["rows"], raw["run"]
+    verdicts = judge_all(rows)
+    findings = FINDINGS.read_text() if FINDINGS.exists() and not run_info["quick"] else ""
+    out.write_text(render(sections_of(rows), verdicts, raw["machine"], run_info, findings))
+    return verdicts
+
+
+def measure_all(families: Sequence[Family], quick: bool, runs: int | None, command: str) -> dict:
+    """Run ``families``; the raw results: run information, machine, rows."""
+    started = time.perf_counter()
+    load_start = load_average()
+    machine = describe_machine()
+    rows: list[Row] = []
+    for family in families:
+        print(f"[bench] {family.name} ...", file=sys.stderr, flush=True)
+        family_start = time.perf_counter()
+        mine = measure_family(family, quick, runs)
+        seconds = time.perf_counter() - family_start
+        print(f"[bench] {family.name}: {len(mine)} rows in {seconds:.0f} s", file=sys.stderr)
+        rows += mine
+    run_info = {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "command": command,
+        "minutes": (time.perf_counter() - started) / 60,
+        "quick": quick,
+        "code": code_version(),
+        "load_start": load_start,
+        "load_end": load_average(),
+    }
+    return {"run": run_info, "machine": machine, "rows": rows}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
     parser.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
     parser.add_argument("--quick", action="store_true", help="small sizes, one process each")
     parser.add_argument("--only", default="", help="comma-separated families to run")
     parser.add_argument("--runs", type=int, help="fresh processes per family (default: its own)")
+    parser.add_argument(
+        "--render-from",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: write the report from saved results (e.g. after editing "
+        "benchmarks/findings.md)",
+    )
     args = parser.parse_args(argv)
+    if args.render_from:
+        write_report(args.out, json.loads(args.render_from.read_text()))
+        print(f"[bench] wrote {args.out} from {args.render_from}", file=sys.stderr)
+        return 0
     chosen = [f for f in FAMILIES if not args.only or f.name in args.only.split(",")]
     unknown = set(filter(None, args.only.split(","))) - {f.name for f in FAMILIES}
     if unknown:
         parser.error(
             f"unknown families {sorted(unknown)}; choose from {[f.name for f in FAMILIES]}"
         )
-
-    started = time.perf_counter()
-    load_start = load_average()
-    machine = describe_machine()
-    sections, all_rows = [], []
-    for family in chosen:
-        print(f"[bench] {family.name} ...", file=sys.stderr, flush=True)
-        family_start = time.perf_counter()
-        rows = measure_family(family, args.quick, args.runs)
-        seconds = time.perf_counter() - family_start
-        print(
-            f"[bench] {family.name}: {len(rows)} rows in {seconds:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        sections.append(Section(family.title, family.text, rows))
-        all_rows += rows
-    verdicts = judge_all(all_rows)
     command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
-    run_info = {
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "command": command.strip(),
-        "minutes": (time.perf_counter() - started) / 60,
-        "quick": args.quick,
-        "code": code_version(),
-        "load_start": load_start,
-        "load_end": load_average(),
-    }
-    findings = FINDINGS.read_text() if FINDINGS.exists() and not args.quick else ""
-    args.out.write_text(render(sections, verdicts, machine, run_info, findings))
+    raw = measure_all(chosen, args.quick, args.runs, command.strip())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    raw = {
-        "run": run_info,
-        "machine": machine,
-        "rows": all_rows,
-        "verdicts": [
-            {
-                **asdict(v.goal),
-                "value": v.value,
-                "key": v.key,
-                "met": v.met,
-                "failed_checks": list(v.failed_checks),
-            }
-            for v in verdicts
-        ],
-    }
-    (RESULTS / ("quick.json" if args.quick else "latest.json")).write_text(
-        json.dumps(raw, indent=1)
-    )
+    saved = RESULTS / ("quick.json" if args.quick else "latest.json")
+    saved.write_text(json.dumps(raw, indent=1))
+    verdicts = write_report(args.out, raw)
     for v in verdicts:
         state = {True: "met", False: "MISSED", None: "not measured"}[v.met]
         print(f"[bench] {state:>12}: {v.goal.text}", file=sys.stderr)
-    print(f"[bench] wrote {args.out}", file=sys.stderr)
+    print(f"[bench] wrote {args.out} (raw results: {saved})", file=sys.stderr)
     return 0
 
 

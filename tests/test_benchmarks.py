@@ -6,6 +6,7 @@ times and ratios positive and finite, implementations agreeing, grades identical
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -220,3 +221,34 @@ def test_report_renders_every_section_and_verdict():
     assert "shared with other work" in text and "--quick" in text
     assert machine["cpu"] in text
     assert report.fmt_time(12e-6) == "12.0 µs" and report.fmt_time(2.5) == "2.50 s"
+
+
+def test_report_is_rewritten_from_saved_results(tmp_path):
+    from benchmarks import run
+
+    rows = harness.combine([_goal_rows(0.8)])
+    batch = harness.make_row(
+        "grading.batch", "batch", 4.0, 2.0, "2 workers", identical_grades=True, all_graded=True
+    )
+    rows += harness.combine([[batch]])
+    raw = {
+        "run": {
+            "date": "today",
+            "command": "python -m benchmarks.run",
+            "minutes": 1.0,
+            "quick": False,
+            "code": "abc1234",
+            "load_start": [0.1, 0.1, 0.1],
+            "load_end": [0.1, 0.1, 0.1],
+        },
+        "machine": {"cpu": "a CPU", "usable_cpus": 2, "pinned_env": harness.PINNED_ENV},
+        "rows": rows,
+    }
+    saved, out = tmp_path / "latest.json", tmp_path / "BENCHMARKS.md"
+    saved.write_text(json.dumps(raw))
+    assert run.main(["--render-from", str(saved), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.index("## 1. Engine") < text.index("## 2. Autograding throughput")
+    assert "commit abc1234" in text and "shared with other work" not in text
+    # the goals are judged again: width 8 met (0.80×), the 2-worker speedup 2.00× met
+    assert text.count("**met**") == 2 and "| a CPU |" in text
