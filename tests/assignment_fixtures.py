@@ -200,12 +200,13 @@ def write_submission(
         nbformat.write(nb, folder / f"{name}.ipynb")
 
 
-def autograde(course: Path, students: Iterable[str], workers: int = 2) -> list:
+def grade_batch(course: Path, students: Iterable[str], workers: int = 2, feedback: bool = False):
     """Autograde (or regrade) the students' submissions with the course's grading pipeline.
 
     :func:`chainrule.grading.run_batch` grades each student in a time- and memory-limited
-    child process, ``workers`` at a time, and returns one outcome per student with a status
-    per notebook ("graded", or "failed: <reason>" when nbgrader could not grade it).
+    child process, ``workers`` at a time, and returns a :class:`chainrule.grading.BatchResult`:
+    one outcome per student with a status per notebook ("graded", or "failed: <reason>" when
+    nbgrader could not grade it), the exports and, with ``feedback``, the feedback pages.
     """
     from chainrule.grading import BatchOptions, run_batch
 
@@ -214,10 +215,15 @@ def autograde(course: Path, students: Iterable[str], workers: int = 2) -> list:
         course_root=course,
         workers=workers,
         students=list(students),
-        feedback=False,
+        feedback=feedback,
         out_dir=course / "grades" / ASSIGNMENT,
     )
-    return run_batch(options, stream=io.StringIO()).outcomes
+    return run_batch(options, stream=io.StringIO())
+
+
+def autograde(course: Path, students: Iterable[str], workers: int = 2) -> list:
+    """The outcomes of :func:`grade_batch` without feedback."""
+    return grade_batch(course, students, workers).outcomes
 
 
 # -- results -------------------------------------------------------------------------------------

@@ -10,29 +10,38 @@ Students, each a full submission of the five notebooks built from the release:
   solution where a notebook has fewer), each losing points exactly on the test cells its
   fixture names.
 
-All of them are graded with the course's pipeline (:func:`chainrule.grading.run_batch`, two
-workers); ``wrong_1`` is graded a second time to check that regrading gives the same scores.
+All of them are graded in one batch with the course's pipeline (:func:`chainrule.grading.run_batch`,
+two workers, feedback and exports included); ``wrong_1`` is graded a second time to check that
+regrading gives the same scores.
 """
 
 from __future__ import annotations
 
+import csv
+import html
 import io
+import re
 import shutil
 
 import nbformat
 import pytest
 from assignment_fixtures import (
+    ASSIGNMENT,
     NOTEBOOKS,
+    RELEASE_DIR,
     REPO,
+    SOURCE_DIR,
     autograde,
     build_submission,
     cell_scores,
+    grade_batch,
     graded_test_ids,
     load_variants,
     make_course,
     write_submission,
 )
 from chainrule.grading import validate_notebook
+from chainrule.grading.hidden import split_hidden_tests
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +71,14 @@ def graded(tmp_path_factory):
                 cells = variants[i].cells if i < len(variants) else {}
                 notebooks[name] = build_submission(name, cells)
             write_submission(course, student, notebooks)
-    outcomes = autograde(course, ["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS])
-    return course, {o.student: o for o in outcomes}
+    students = ["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS]
+    result = grade_batch(course, students, feedback=True)
+    with result.summary_csv.open() as handle:  # read now: a regrade rewrites the exports
+        exports = {
+            "nbgrader": result.export_csv.read_text(),
+            "summary": list(csv.DictReader(handle)),
+        }
+    return course, {o.student: o for o in result.outcomes}, exports
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +87,7 @@ def course(graded):
 
 
 def test_every_notebook_of_every_submission_is_graded(graded):
-    _, outcomes = graded
+    _, outcomes, _ = graded
     assert sorted(outcomes) == sorted(["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS])
     for outcome in outcomes.values():
         statuses = {nb.name: nb.status for nb in outcome.notebooks}
@@ -153,3 +168,61 @@ def test_regrading_gives_the_same_scores(course):
         n: {k: c.score for k, c in v.items()} for n, v in before.items()
     }
     assert any(c.score < c.max_score for v in after.values() for c in v.values())
+
+
+# -- feedback and exports ------------------------------------------------------------------------
+
+
+def _text(path):
+    """A file's text as a reader sees it: HTML tags dropped, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
+def hidden_lines() -> set[str]:
+    """Lines of the hidden tests that appear nowhere else: not in the release, not in the
+    instructor's solutions (which the ``instructor`` student submits)."""
+    sources = [nbformat.read(SOURCE_DIR / f"{name}.ipynb", 4) for name in NOTEBOOKS]
+    releases = [nbformat.read(RELEASE_DIR / f"{name}.ipynb", 4) for name in NOTEBOOKS]
+    visible = "\n".join(cell.source for nb in releases for cell in nb.cells)
+    visible += "\n".join(split_hidden_tests(c.source).visible for nb in sources for c in nb.cells)
+    lines = set()
+    for nb in sources:
+        for cell in nb.cells:
+            for line in split_hidden_tests(cell.source).hidden_lines:
+                line = line.strip()
+                if len(line) > 12 and "HIDDEN TESTS" not in line and line not in visible:
+                    lines.add(line)
+    return lines
+
+
+def test_feedback_shows_no_hidden_test_source(graded):
+    course, outcomes, _ = graded
+    hidden = hidden_lines()
+    assert hidden  # the assignment has hidden tests
+    autograded = "\n".join(
+        _text(p) for p in (course / "autograded" / "instructor" / ASSIGNMENT).glob("*.ipynb")
+    )
+    assert any(line in autograded for line in hidden)  # nbgrader itself would show them
+    for student in outcomes:
+        pages = sorted((course / "feedback" / student / ASSIGNMENT).glob("*.html"))
+        assert [p.stem for p in pages] == sorted(NOTEBOOKS), student
+        submitted = "\n".join(
+            cell.source
+            for path in (course / "submitted" / student / ASSIGNMENT).glob("*.ipynb")
+            for cell in nbformat.read(path, 4).cells
+        )
+        for page in pages:
+            # A line the student wrote themselves may of course appear in their feedback.
+            leaked = [x for x in hidden if x in _text(page) and x not in submitted]
+            assert leaked == [], (student, page.name, leaked[:3])
+
+
+def test_grades_and_statuses_are_exported_to_csv(graded):
+    _, outcomes, exports = graded
+    export = exports["nbgrader"].splitlines()
+    assert export[0].startswith("assignment,duedate,timestamp,student_id")
+    assert {line.split(",")[3] for line in export[1:]} == set(outcomes)
+    rows = exports["summary"]
+    assert len(rows) == len(outcomes) * len(NOTEBOOKS)
+    assert all(row["status"] == "graded" for row in rows)
+    assert {row["score"] for row in rows if row["student"] == "blank"} == {"0"}
