@@ -82,3 +82,23 @@ def run_lesson(
     errors = error_outputs(nb)
     assert errors == [], f"{Path(path).name} has error outputs: {errors}"
     return nb, values
+
+
+def output_texts(nb: nbformat.NotebookNode, mime: str) -> list[str]:
+    """Every output of an executed notebook with this MIME type (``text/plain`` includes
+    printed streams), in cell order."""
+    texts = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if mime in data:
+                texts.append(data[mime])
+            elif mime == "text/plain" and output.get("output_type") == "stream":
+                texts.append(output["text"])
+    return texts
+
+
+def markdown_text(path: str | Path) -> str:
+    """The prose of a notebook: its markdown cells joined."""
+    nb = nbformat.read(path, as_version=4)
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")

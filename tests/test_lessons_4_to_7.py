@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
-from notebook_runner import REPO, run_lesson
+from notebook_runner import REPO, markdown_text, output_texts, run_lesson
 
 COURSE = REPO / "course"
 LESSONS = {
@@ -25,20 +24,10 @@ WORKED_EXAMPLES = [(1, 0), (2, 1), (3, 1), (4, 2)]  # the syllabus's given examp
 
 
 def _outputs(nb: nbformat.NotebookNode, mime: str) -> str:
-    texts = []
-    for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            data = output.get("data", {})
-            if mime in data:
-                texts.append(data[mime])
-            elif mime == "text/plain" and output.get("output_type") == "stream":
-                texts.append(output["text"])
-    return "\n".join(texts)
+    return "\n".join(output_texts(nb, mime))
 
 
-def _markdown(path: Path) -> str:
-    nb = nbformat.read(path, as_version=4)
-    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+_markdown = markdown_text
 
 
 def _images(nb: nbformat.NotebookNode) -> int:
@@ -52,26 +41,6 @@ def _images(nb: nbformat.NotebookNode) -> int:
 # -- stored form -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", LESSONS.values(), ids=LESSONS.keys())
-def test_stored_without_outputs_with_ids_and_kernelspec(path):
-    nb = nbformat.read(path, as_version=4)
-    nbformat.validate(nb)
-    assert nb.metadata.kernelspec.name == "python3"
-    ids = [cell.get("id") for cell in nb.cells]
-    assert all(ids) and len(set(ids)) == len(ids)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert cell.outputs == [] and cell.execution_count is None
-
-
-@pytest.mark.parametrize("path", LESSONS.values(), ids=LESSONS.keys())
-def test_each_lesson_ends_with_a_check_yourself_pointer_to_an_exercise(path):
-    last = nbformat.read(path, as_version=4).cells[-1]
-    assert last.cell_type == "markdown" and "Check yourself" in last.source
-    targets = re.findall(r"\(\.\./release/check_yourself/([^)]+)\)", last.source)
-    assert targets and set(targets) <= set(EXERCISES)
-
-
 def test_the_lessons_point_to_the_exercises_of_their_topics():
     def targets(key):
         return set(re.findall(r"check_yourself/(ex\d)_", _markdown(LESSONS[key])))
@@ -79,14 +48,6 @@ def test_the_lessons_point_to_the_exercises_of_their_topics():
     assert targets("exactness") == {"ex2", "ex3"}
     assert targets("duality") == {"ex4", "ex5"}
     assert "ex1" in targets("accumulation") and "ex1" in targets("graph")
-
-
-def test_lessons_type_no_derived_numbers_into_prose():
-    derived = ["4.25", "7.0", "1.5", "1/1800", "1/600", "1/1200", "65504", "2/3"]
-    for path in LESSONS.values():
-        text = _markdown(path)
-        for number in derived:
-            assert number not in text, f"{path.name} types {number} into its prose"
 
 
 def test_lessons_say_which_backend_real_processes_use():

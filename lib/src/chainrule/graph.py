@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from chainrule.tensor import Tensor
+from chainrule.tensor import Tensor, topological_order
 
 ROUTING_OPS = frozenset({"concat", "split", "stack"})
 
@@ -116,7 +116,7 @@ class Graph:
         are left out: they carry no gradient and only clutter a picture.
         """
         names = names or {}
-        order = _all_tensors(tensor)
+        order = topological_order(tensor, requires_grad_only=False)
         if not scalar_constants:
             order = [t for t in order if not _is_scalar_constant(t)]
         ids = {t: i for i, t in enumerate(order)}
@@ -196,24 +196,6 @@ def _barycentre(node: int, neighbours: list[int], position: dict[int, float]) ->
 
 def _is_scalar_constant(t: Tensor) -> bool:
     return t.op == "leaf" and not t.requires_grad and t.data.ndim == 0
-
-
-def _all_tensors(root: Tensor) -> list[Tensor]:
-    """Every tensor reachable from ``root`` through ``parents``, parents first (iterative DFS)."""
-    order: list[Tensor] = []
-    seen: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        stack.extend((p, False) for p in reversed(node.parents) if id(p) not in seen)
-    return order
 
 
 def _graph(

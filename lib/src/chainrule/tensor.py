@@ -295,8 +295,9 @@ def as_tensor(value: ArrayLike, like: Tensor | None = None) -> Tensor:
     return Tensor(value, dtype=dtype)
 
 
-def topological_order(root: Tensor) -> list[Tensor]:
-    """Every tensor that ``root`` depends on and that requires a gradient, parents first.
+def topological_order(root: Tensor, requires_grad_only: bool = True) -> list[Tensor]:
+    """Every tensor that ``root`` depends on (by default only those that require a gradient:
+    the nodes the backward pass visits), parents first.
 
     Iterative depth-first search, so a chain of any length works; the order depends only on
     the graph, so every rank running the same program visits it identically.
@@ -314,7 +315,7 @@ def topological_order(root: Tensor) -> list[Tensor]:
         visited.add(node)
         stack.append((node, True))
         for parent in reversed(node._parents):
-            if parent.requires_grad and parent not in visited:
+            if (parent.requires_grad or not requires_grad_only) and parent not in visited:
                 stack.append((parent, False))
     return order
 
