@@ -14,9 +14,9 @@ the gradient (for concatenation, that VJP is a split; see :func:`chainrule.ops.c
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -26,23 +26,24 @@ VJP = Callable[[np.ndarray], Sequence[np.ndarray | None]]
 
 DEFAULT_DTYPE = np.float64
 
-_grad_mode = threading.local()
+# A context variable, not a global: every simulated rank (a thread or a coroutine of its own)
+# has its own grad mode.
+_grad_enabled: ContextVar[bool] = ContextVar("chainrule_grad_enabled", default=True)
 
 
 def is_grad_enabled() -> bool:
-    """Whether operations record the graph in this thread (see :func:`no_grad`)."""
-    return getattr(_grad_mode, "enabled", True)
+    """Whether operations record the graph here (see :func:`no_grad`)."""
+    return _grad_enabled.get()
 
 
 @contextmanager
 def no_grad() -> Iterator[None]:
-    """Run operations without recording the graph (per thread: each simulated rank has its own)."""
-    previous = is_grad_enabled()
-    _grad_mode.enabled = False
+    """Run operations without recording the graph (per rank: each simulated rank has its own)."""
+    token = _grad_enabled.set(False)
     try:
         yield
     finally:
-        _grad_mode.enabled = previous
+        _grad_enabled.reset(token)
 
 
 class Tensor:
