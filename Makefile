@@ -45,7 +45,7 @@ $(VENV)/.installed: requirements.txt requirements.lock lib/pyproject.toml
 	touch $@
 
 lab: install
-	$(BIN)/jupyter lab --port=$(PORT) course/00_start.ipynb
+	$(BIN)/jupyter lab --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) course/00_start.ipynb
 
 test: install
 	$(PY) -m pytest
