@@ -1,19 +1,24 @@
 """The simulated world: every collective against a numpy reference, determinism, the trace,
-and every failure ending quickly in a clear error with no thread left behind."""
+per-rank state across greenlet switches, and every failure ending quickly in a clear error
+with no rank's greenlet and no thread left behind."""
 
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
 
+import chainrule as cr
 import numpy as np
 import pytest
 from chainrule import Tensor, dist
 from chainrule.dist import simulated
+from greenlet import greenlet
 
 WORLD_SIZES = range(1, 9)
 DTYPES = [np.float32, np.float64, np.int64]
+LARGE_BYTES = 1 << 21  # reduced block by block (simulated.BLOCK_ELEMENTS), from the pool
 REDUCTIONS = [  # AVG of integers is rejected (test_avg_of_integers_is_rejected)
     (op, dtype)
     for op in ("sum", "avg", "max")
@@ -23,13 +28,20 @@ REDUCTIONS = [  # AVG of integers is rejected (test_avg_of_integers_is_rejected)
 
 
 def rank_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("chainrule-sim-rank")]
+    """Threads of the simulated world (its watchdog) still running."""
+    return [t for t in threading.enumerate() if t.name.startswith("chainrule-sim")]
+
+
+def live_greenlets() -> list[greenlet]:
+    """Greenlets started and not ended (a rank's greenlet left suspended), but this one."""
+    here = greenlet.getcurrent()
+    return [g for g in gc.get_objects() if type(g) is greenlet and g and g is not here]
 
 
 @pytest.fixture(autouse=True)
 def no_rank_thread_left():
     yield
-    assert rank_threads() == [], "a simulated rank's thread is still running"
+    assert rank_threads() == [], "a thread of the simulated world is still running"
 
 
 def inputs(P: int, shape: tuple[int, ...], dtype: type, seed: int) -> list[np.ndarray]:
@@ -414,6 +426,7 @@ def run_failing(fn, P=4, error=dist.CollectiveError, **kwargs):
     elapsed = time.monotonic() - start
     assert elapsed < 3.0, f"took {elapsed:.1f} s to fail"
     assert rank_threads() == []
+    assert live_greenlets() == []
     return str(info.value), info.value
 
 
@@ -535,34 +548,32 @@ def test_a_rank_stuck_in_a_loop_is_interrupted():
     assert "barrier #0 timed out" in message and "rank 1 was still running" in message
 
 
-def test_a_rank_left_over_from_a_failed_run_cannot_disturb_the_next():
+def test_a_rank_blocked_outside_python_ends_the_run_when_its_call_returns():
     world = dist.SimulatedWorld(2, timeout=0.1)
 
     def first():
         if dist.rank() == 1:
             try:
-                time.sleep(1.5)  # cannot be interrupted: outlives the failed run
+                time.sleep(1.0)  # cannot be interrupted before the sleep returns
             except BaseException:  # swallows the interruption that comes after the sleep
                 pass
-            dist.barrier()  # ...and then calls a collective during the next run
+            dist.barrier()  # ...and then calls a collective: it is interrupted again
             return "stale"
         dist.barrier()
 
+    start = time.monotonic()
     with pytest.raises(dist.CollectiveError) as info:
         world.run(first)
+    assert 1.0 <= time.monotonic() - start < 2.5
+    assert str(info.value).startswith("barrier #0 timed out after 0.1 s: rank 0 arrived")
     assert any("rank 1 could not be interrupted" in note for note in info.value.__notes__)
+    assert live_greenlets() == []
 
     def second():
-        total = 0.0
-        for _ in range(40):
-            time.sleep(0.03)
-            total += dist.all_reduce(1.0)
-        return total
+        return sum(float(dist.all_reduce(1.0)) for _ in range(10))
 
     world.timeout = 5.0
-    assert world.run(second) == [80.0, 80.0]
-    for thread in rank_threads():
-        thread.join(2)
+    assert world.run(second) == [20.0, 20.0]
 
 
 def test_timeout_is_configurable():
@@ -658,7 +669,7 @@ def test_default_timeout_is_a_few_seconds():
 @pytest.mark.parametrize("P", [2, 3, 5])
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_large_all_reduce_shared_between_ranks_is_exact(P, deterministic):
-    n = simulated.PARALLEL_MIN_BYTES // 8 + 12345  # several blocks and a ragged end
+    n = LARGE_BYTES // 8 + 12345  # several blocks and a ragged end
     xs = summands(P, n)
     for op in ("sum", "avg", "max"):
         results = run_per_rank(
@@ -671,13 +682,13 @@ def test_large_all_reduce_shared_between_ranks_is_exact(P, deterministic):
 
 
 def test_large_non_contiguous_inputs_are_reduced_too():
-    xs = [x.reshape(-1, 2)[:, 0] for x in summands(3, simulated.PARALLEL_MIN_BYTES // 4)]
+    xs = [x.reshape(-1, 2)[:, 0] for x in summands(3, LARGE_BYTES // 4)]
     for result in run_per_rank(3, dist.all_reduce, xs):
         assert result.tobytes() == rank_order_reduce(xs, "sum").tobytes()
 
 
 def test_large_results_are_reused_only_once_dropped():
-    n = simulated.PARALLEL_MIN_BYTES // 8
+    n = LARGE_BYTES // 8
 
     def fn():
         x = np.full(n, dist.rank() + 1.0)
@@ -742,3 +753,125 @@ def test_ctrl_c_while_waiting_stops_every_rank():
     with pytest.raises(KeyboardInterrupt):
         dist.run(fn, 3, timeout=20)
     assert time.monotonic() - start < 5
+
+
+# -- greenlets: one thread, per-rank state, immediate deadlock detection ----------------------
+
+
+def test_ranks_run_in_the_calling_thread():
+    assert dist.run(lambda: threading.get_ident(), 3) == [threading.get_ident()] * 3
+
+
+def test_a_rank_that_returned_is_detected_without_waiting_for_the_timeout():
+    def fn():
+        if dist.rank() == 1:
+            return None
+        return dist.all_reduce(1.0)
+
+    start = time.monotonic()
+    message, _ = run_failing(fn, P=3, timeout=30.0)
+    assert time.monotonic() - start < 1.0
+    assert message.startswith("ranks 0, 2 are waiting in all_reduce #0 but rank 1 has already")
+
+
+def test_no_grad_on_one_rank_does_not_reach_another():
+    def fn():
+        seen = []
+        if dist.rank() == 0:
+            with cr.no_grad():
+                dist.barrier()  # the other ranks run while rank 0 is inside no_grad
+                seen.append(cr.is_grad_enabled())
+        else:
+            dist.barrier()
+            seen.append(cr.is_grad_enabled())
+        x = Tensor(np.ones(2), requires_grad=True)
+        seen.append((x * 2.0).requires_grad)
+        return seen
+
+    with cr.no_grad():  # nor does the caller's: each rank starts as a new thread would
+        results = dist.run(fn, 3)
+    assert results == [[False, True], [True, True], [True, True]]
+
+
+def test_torch_grad_mode_is_per_rank_across_collectives():
+    torch = pytest.importorskip("torch")
+
+    def step():
+        w = torch.ones(3, dtype=torch.float64, requires_grad=True)
+        (w * (dist.rank() + 1.0)).sum().backward()
+        with torch.no_grad():  # as in an SGD step: the all-reduce switches to the other ranks
+            before = torch.is_grad_enabled()
+            w -= 0.1 * dist.all_reduce(w.grad, op="avg")
+            after = torch.is_grad_enabled()
+        return before, after, torch.is_grad_enabled(), w.detach().numpy().copy()
+
+    torch.set_grad_enabled(False)
+    try:
+        results = dist.run(step, 3)
+        assert not torch.is_grad_enabled()  # the caller's mode is restored
+    finally:
+        torch.set_grad_enabled(True)
+    for before, after, outside, w in results:
+        assert (before, after, outside) == (False, False, True)
+        np.testing.assert_allclose(w, 1.0 - 0.1 * 2.0)
+
+
+def test_a_collective_inside_torch_backward_is_refused():
+    torch = pytest.importorskip("torch")
+
+    class SumGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return dist.all_reduce(grad)
+
+    def fn():
+        x = torch.ones(2, requires_grad=True)
+        SumGrad.apply(x).sum().backward()
+        return x.grad
+
+    _, error = run_failing(fn, P=2, error=dist.RankError)
+    assert "inside torch's autograd engine" in str(error)
+    assert torch.is_grad_enabled()
+
+
+def test_ctrl_c_ends_the_waiting_ranks_and_runs_their_cleanup():
+    import os
+    import signal
+
+    cleaned: list[int] = []
+
+    def fn():
+        dist.barrier()
+        try:
+            if dist.rank() == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the interrupt arrives here
+            dist.barrier()
+        finally:
+            cleaned.append(dist.rank())
+
+    with pytest.raises(KeyboardInterrupt):
+        dist.run(fn, 4, timeout=20)
+    assert sorted(cleaned) == [0, 1, 2, 3]
+    assert live_greenlets() == []
+
+
+def test_the_timeout_bounds_each_ranks_own_code_not_the_whole_round():
+    def fn():
+        time.sleep(0.15)  # the ranks run one after the other: 0.6 s in all, 0.15 s each
+        return dist.all_reduce(1.0)
+
+    assert dist.run(fn, 4, timeout=0.3) == [4.0] * 4
+
+
+def test_no_timeout_once_every_other_rank_has_returned():
+    def fn():
+        if dist.rank() == 1:
+            time.sleep(0.3)  # rank 0 has returned (ranks start in order): no one waits for it
+        return dist.rank()
+
+    assert dist.run(fn, 2, timeout=0.1) == [0, 1]

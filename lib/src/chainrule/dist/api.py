@@ -4,7 +4,8 @@ An SPMD function ("single program, multiple data") runs once per rank and calls 
 collectives in the same order on every rank. Which implementation answers a call depends on
 where the call runs:
 
-1. inside :func:`run` with ``backend="sim"``: the simulated world of the calling thread;
+1. inside :func:`run` with ``backend="sim"``: the simulated world of the running rank (each
+   rank runs in its own greenlet and ``contextvars`` context);
 2. inside a worker process of :func:`run` with ``backend="gloo"``/``"nccl"``, or after
    :func:`chainrule.dist.init_from_env` under torchrun: ``torch.distributed``;
 3. anywhere else a ``torch.distributed`` default process group is initialised: that group.
@@ -22,8 +23,8 @@ from __future__ import annotations
 
 import enum
 import sys
-import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import numpy as np
@@ -203,13 +204,14 @@ class RankBackend(Protocol):
     def barrier(self) -> None: ...
 
 
-_thread_backend = threading.local()  # .backend: the simulated rank running in this thread
+_rank_backend: ContextVar[RankBackend | None] = ContextVar("chainrule_rank_backend", default=None)
+"""The simulated rank running in the current context (each rank has a context of its own)."""
 _process_backend: RankBackend | None = None  # a torch.distributed rank owning this process
 
 
-def set_thread_backend(backend: RankBackend | None) -> None:
-    """Make ``backend`` answer the collectives called from this thread (None: stop)."""
-    _thread_backend.backend = backend
+def set_rank_backend(backend: RankBackend | None) -> None:
+    """Make ``backend`` answer the collectives called in the current context (None: stop)."""
+    _rank_backend.set(backend)
 
 
 def set_process_backend(backend: RankBackend | None) -> None:
@@ -220,7 +222,7 @@ def set_process_backend(backend: RankBackend | None) -> None:
 
 def current_backend() -> RankBackend:
     """The backend that answers a collective called here (see the module docstring)."""
-    backend = getattr(_thread_backend, "backend", None)
+    backend = _rank_backend.get()
     if backend is not None:
         return backend
     if _process_backend is not None:
@@ -360,11 +362,11 @@ def run(
 ) -> list:
     """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` ranks; results in rank order.
 
-    ``backend``: "sim" (threads in this process, the default), "gloo" or "nccl" (one process
+    ``backend``: "sim" (greenlets in this thread, the default), "gloo" or "nccl" (one process
     per rank, kept alive between calls), "auto" (nccl with one GPU per rank, else gloo).
-    ``timeout`` (seconds): on "sim" how long a collective waits for the last rank (default
-    :data:`chainrule.dist.simulated.DEFAULT_TIMEOUT`), on torch backends how long the whole
-    call may take (default :data:`chainrule.dist.torch_backend.DEFAULT_TIMEOUT`).
+    ``timeout`` (seconds): on "sim" how long a rank may run its own code without reaching a
+    collective (default :data:`chainrule.dist.simulated.DEFAULT_TIMEOUT`), on torch backends
+    how long the whole call may take (default :data:`chainrule.dist.torch_backend.DEFAULT_TIMEOUT`).
     ``deterministic`` (sim only): every rank receives the same bits, reduced in rank order;
     False lets each rank sum in its own ring order, so results differ in the last bits.
     ``trace``: a :class:`~chainrule.dist.trace.Trace` that receives one event per collective.

@@ -1,10 +1,19 @@
-"""A simulated world of P ranks: one thread per rank, collectives as rendezvous in memory.
+"""A simulated world of P ranks: one greenlet per rank, collectives as rendezvous in memory.
 
-The SPMD function really runs P times, once in each rank's thread, and every collective is a
-meeting point: the k-th collective of every rank (its sequence number k) waits until all P
-ranks have called their k-th collective. The last rank to arrive checks that the calls agree
-(same collective, arguments, shapes, dtypes), computes every rank's result and wakes the
-others, each of which leaves with its own array.
+The SPMD function really runs P times, once in each rank's greenlet, all inside the calling
+thread, and every collective is a meeting point: the k-th collective of every rank (its
+sequence number k) waits until all P ranks have called their k-th collective. A rank that
+arrives records its call and switches back to the scheduler, which runs the next rank; the
+last rank to arrive checks that the calls agree (same collective, arguments, shapes, dtypes),
+computes every rank's result once and carries on, and the scheduler resumes each of the others
+with its own array. Switching between greenlets costs no operating-system wake-up, so a small
+collective takes microseconds.
+
+Each rank runs in a ``contextvars`` context of its own (so ``chainrule.no_grad()`` on one rank
+never leaks into another) and, when torch is loaded, with its own torch grad mode, saved and
+restored around every switch. A collective may not be called from inside torch's autograd
+engine (a hook or an ``autograd.Function.backward`` during ``loss.backward()``): the engine
+keeps per-thread state that the ranks would share; use ``backend="gloo"`` for that.
 
 Determinism. By default a reduction is computed once, in rank order
 ``((x_0 ⊕ x_1) ⊕ x_2) ⊕ ...``, and every rank receives a bitwise-identical copy, so replicas
@@ -13,46 +22,56 @@ order ``x_r ⊕ x_{r+1} ⊕ ... ⊕ x_{r−1}``. Floating-point addition is not 
 P ≥ 3 the ranks' sums differ in the last bits, and replicas drift apart over many steps.
 
 Failures end the run quickly and name the ranks: collectives that differ between ranks,
-mismatched shapes or dtypes, a rank that returned while others wait for it, a rank whose
-collective partners never arrive within ``timeout`` seconds, and exceptions (re-raised as
+mismatched shapes or dtypes, a rank that returned while others wait for it (detected as soon
+as no rank can go on), a rank that runs its own code for more than ``timeout`` seconds
+without reaching a collective (a watchdog thread interrupts it), and exceptions (re-raised as
 :class:`~chainrule.dist.errors.RankError`). After any failure the waiting ranks are released
 with a :class:`~chainrule.dist.errors.CollectiveError` inside their collective, and
-:meth:`SimulatedWorld.run` joins every thread before it raises.
+:meth:`SimulatedWorld.run` raises once every rank's greenlet has ended. A
+``KeyboardInterrupt`` (a notebook's interrupt) kills every rank's greenlet and propagates.
 """
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
+import functools
+import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
+from time import monotonic as _monotonic
 from typing import Any
 
 import numpy as np
+from greenlet import GreenletExit, greenlet
 
 from chainrule.dist import api
 from chainrule.dist.api import ReduceOp, Restore
-from chainrule.dist.buffers import ArrayPool
+from chainrule.dist.buffers import MIN_POOLED_BYTES, ArrayPool
 from chainrule.dist.errors import CollectiveError, RankError
 from chainrule.dist.trace import CollectiveEvent, Trace
 
 DEFAULT_TIMEOUT = 5.0
-"""Seconds a rank waits in a collective for the others before the run fails."""
+"""Seconds a rank may run its own code without reaching a collective before the run fails."""
 
 JOIN_GRACE = 0.5
-"""Seconds a failed run waits for ranks still in their own code, before interrupting them
-(and then again for the interrupted ones)."""
-
-PARALLEL_MIN_BYTES = 1 << 21
-"""From this size on, an all-reduce is computed by all ranks' threads together, each a slice
-(numpy releases the GIL while it adds), instead of by the last rank to arrive alone."""
+"""Seconds a rank may still run its own code once the run has failed, before it is interrupted;
+also how late an interruption may take effect before the error says so."""
 
 BLOCK_ELEMENTS = 32768
 """Elements per block of a reduction: the partial result of a block stays in the L2 cache
 while every rank's block is added to it and it is copied out to every rank."""
 
-_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum}  # by ReduceOp.value
+
+_AVG, _MAX = ReduceOp.AVG, ReduceOp.MAX  # (an enum member's lookup costs a function call)
+
+
+def _ufunc(op: ReduceOp) -> np.ufunc:
+    """The binary ufunc of a reduction (AVG adds, then divides)."""
+    return np.maximum if op is _MAX else np.add
 
 
 class _Aborted(CollectiveError):
@@ -60,7 +79,7 @@ class _Aborted(CollectiveError):
 
 
 class _Interrupted(CollectiveError):
-    """Injected into a rank thread still running its own code after the run failed."""
+    """Injected into a rank that ran its own code for too long (by the watchdog)."""
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -91,33 +110,10 @@ class _Call:
         self.restore = restore
 
 
-class _Round:
-    """The k-th collective of the run, while the ranks meet in it."""
-
-    __slots__ = ("seq", "calls", "arrived", "started", "done", "results", "work", "working")
-
-    def __init__(self, seq: int, world_size: int) -> None:
-        self.seq = seq
-        self.calls: list[_Call | None] = [None] * world_size
-        self.arrived = 0
-        self.started = time.monotonic()
-        self.done = False
-        self.results: list[Any] = [None] * world_size
-        self.work: Callable[[int], None] | None = None  # each rank's share of the work
-        self.working = 0  # ranks still doing their share
-
-    def name(self) -> str:
-        call = next(c for c in self.calls if c is not None)
-        return f"{call.op} #{self.seq}"
-
-    def waiting(self) -> list[int]:
-        return [r for r, c in enumerate(self.calls) if c is not None]
-
-
 class SimulatedWorld:
-    """P ranks in one process (one thread each) whose collectives meet in memory.
+    """P ranks in one thread (one greenlet each) whose collectives meet in memory.
 
-    ``timeout``: seconds a collective waits for the missing ranks (default
+    ``timeout``: seconds a rank may run its own code without reaching a collective (default
     :data:`DEFAULT_TIMEOUT`). ``deterministic``: see the module docstring. ``trace``: a
     :class:`~chainrule.dist.trace.Trace` that receives one event per collective, the default
     of every :meth:`run`. A world can run several SPMD functions, one after the other.
@@ -138,38 +134,13 @@ class SimulatedWorld:
         self.deterministic = bool(deterministic)
         self.trace = trace
         self._running = threading.Lock()
-        self._lock = threading.Lock()  # guards the state of the run below
         self._buffers = ArrayPool()  # large results, reused within a run
-        self._generation = 0  # which run the state below belongs to
-        self._reset(trace)
-
-    def _reset(self, trace: Trace | None) -> None:
-        P = self.world_size
-        self._generation += 1  # a thread left over from an earlier run must not touch this one
-        self._active_trace = trace
-        self._next_seq = [0] * P
-        self._rounds: dict[int, _Round] = {}
-        self._returned: dict[int, int] = {}  # rank -> number of collectives it made
-        self._failure: str | None = None  # the first thing that went wrong, as a message
-        self._failed_rank: int | None = None  # the rank whose exception failed the run
-        self._errors: dict[int, tuple[BaseException, str]] = {}
-        self._results: list[Any] = [None] * P
-        self._finished = 0  # ranks whose function has returned or raised
-        self._over = threading.Event()  # all ranks finished, or the run failed
-        # Each rank sleeps in a collective on its own lock, held while it should sleep and
-        # released once (by the last rank to arrive, or by a failure) to wake it.
-        self._wake = [threading.Lock() for _ in range(P)]
-        for wake in self._wake:
-            wake.acquire()
-        self._sleeping = [False] * P
 
     def __repr__(self) -> str:
         return (
             f"SimulatedWorld(world_size={self.world_size}, timeout={self.timeout}, "
             f"deterministic={self.deterministic})"
         )
-
-    # -- running an SPMD function -----------------------------------------------------------
 
     def run(
         self,
@@ -179,287 +150,370 @@ class SimulatedWorld:
         *,
         trace: Trace | None = None,
     ) -> list:
-        """``fn(*args, **kwargs)`` once per rank, in P threads; the results in rank order."""
+        """``fn(*args, **kwargs)`` once per rank, in P greenlets; the results in rank order."""
         if not self._running.acquire(blocking=False):
             raise RuntimeError("this SimulatedWorld is already running an SPMD function")
         try:
-            self._reset(trace if trace is not None else self.trace)
-            kwargs = kwargs or {}
-            threads = [
-                threading.Thread(
-                    target=self._rank_main,
-                    args=(_SimRank(self, r, self._generation), fn, args, kwargs),
-                    name=f"chainrule-sim-rank-{r}",
-                    daemon=True,
-                )
-                for r in range(self.world_size)
-            ]
-            try:
-                for thread in threads:
-                    thread.start()
-                self._over.wait()
-            except BaseException:  # KeyboardInterrupt while starting or waiting: stop every rank
-                self._fail("the run was interrupted")
-                self._stop(threads)
-                raise
-            self._stop(threads)
-            if self._failure is not None:
-                error = self._error()
-                stuck = [r for r, t in enumerate(threads) if t.is_alive()]
-                if stuck:
-                    error.add_note(
-                        f"{_ranks(stuck)} could not be interrupted (blocked outside Python, "
-                        "e.g. in time.sleep); the thread ends when that call returns"
-                    )
-                raise error from None
-            return self._results
+            active = trace if trace is not None else self.trace
+            return _Run(self, active, self._buffers).execute(fn, args, kwargs or {})
         finally:
             self._buffers.clear()
             self._running.release()
 
-    def _rank_main(
-        self, me: _SimRank, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]
-    ) -> None:
-        api.set_thread_backend(me)
+
+_NEW, _RUNNABLE, _WAITING, _DONE = range(4)  # the states of a rank in a run
+
+
+class _Run:
+    """One run of an SPMD function: the scheduler of the ranks' greenlets and the rendezvous.
+
+    The scheduler resumes runnable ranks one at a time, in rank order; a rank runs until it
+    waits in a collective or ends. When no rank can run and some have not ended, the run is
+    stuck: a rank returned while others wait, or a rank was interrupted by the watchdog.
+    """
+
+    def __init__(self, world: SimulatedWorld, trace: Trace | None, buffers: ArrayPool) -> None:
+        P = world.world_size
+        self.world_size = P
+        self.timeout = world.timeout
+        self.deterministic = world.deterministic
+        self.trace = trace
+        self.buffers = buffers
+        self.seq = 0  # the collective the ranks meet in now
+        self.calls: list[_Call | None] = [None] * P
+        self.arrived = 0
+        self.state = [_NEW] * P
+        self.resume: list[Any] = [None] * P  # what a runnable rank receives (or an exception)
+        self.runnable: deque[int] = deque(range(P))
+        self.results: list[Any] = [None] * P
+        self.failure: str | None = None  # the first thing that went wrong, as a message
+        self.failed_rank: int | None = None  # the rank whose exception failed the run
+        self.errors: dict[int, tuple[BaseException, str]] = {}
+        self.interrupt: BaseException | None = None  # a KeyboardInterrupt raised on a rank
+        self.timed_out: dict[int, float] = {}  # rank -> when the watchdog interrupted it
+        self.late: dict[int, float] = {}  # rank -> seconds its interruption took to act
+        self.grad_modes = [True] * P  # each rank's torch grad mode (torch's default)
+        self.scheduler = greenlet.getcurrent()
+        self.greenlets: list[greenlet] = []
+        self.watchdog: _Watchdog | None = None
+
+    # -- scheduling -------------------------------------------------------------------------
+
+    def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> list:
+        """Run every rank to its end; the results in rank order, or the run's error."""
+        for _ in range(self.world_size):
+            g = greenlet(self._rank_main, self.scheduler)
+            g.gr_context = contextvars.Context()  # as a new thread: no context var is set
+            self.greenlets.append(g)
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        torch = sys.modules.get("torch")
+        caller_grad = torch.is_grad_enabled() if torch is not None else True
+        if self.world_size > 1:
+            self.watchdog = _Watchdog(self, self.timeout)
         try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - every exception goes back to the caller
-            self._rank_raised(me, exc)
-        else:
-            self._rank_returned(me, result)
+            self._schedule()
+        except BaseException:  # KeyboardInterrupt: end every rank, then propagate
+            self._kill()
+            raise
         finally:
-            api.set_thread_backend(None)
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch._C._set_grad_enabled(caller_grad)
+        if self.failure is not None:
+            raise self._error() from None
+        return self.results
 
-    def _rank_raised(self, me: _SimRank, exc: BaseException) -> None:
-        rank = me.rank()
-        with self._lock:
-            if me.generation != self._generation:
-                return  # a rank of an earlier run that could not be interrupted in time
-            self._finished += 1
-            if self._finished == self.world_size:
-                self._over.set()
-            if isinstance(exc, _Aborted | _Interrupted):
-                return  # released because the run had already failed
-            tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
-            self._errors[rank] = (exc, text)
-            if self._failure is None:
-                self._failed_rank = rank
-                self._fail_locked(f"rank {rank} raised {type(exc).__name__}: {exc}")
+    def _schedule(self) -> None:
+        runnable = self.runnable
+        while True:
+            while runnable:
+                self._step(runnable.popleft())
+                if self.interrupt is not None:
+                    raise self.interrupt
+            waiting = [r for r in range(self.world_size) if self.state[r] == _WAITING]
+            if not waiting:
+                if self.timed_out and self.failure is None:  # no partner reached a collective
+                    missing = sorted(self.timed_out)
+                    own = "its" if len(missing) == 1 else "their"
+                    self._fail(
+                        f"{_ranks(missing)} ran {own} own code for more than {self.timeout:g} s "
+                        f"without reaching collective #{self.seq}; pass timeout= to dist.run "
+                        "to wait longer"
+                    )
+                return
+            if self.failure is None:
+                self._fail(self._stuck(waiting))
+            for r in waiting:  # release the waiting ranks with the failure
+                self.calls[r] = None
+                self.state[r] = _RUNNABLE
+                self.resume[r] = _Aborted(self.failure)
+                runnable.append(r)
 
-    def _rank_returned(self, me: _SimRank, result: Any) -> None:
-        rank = me.rank()
-        with self._lock:
-            if me.generation != self._generation:
-                return  # a rank of an earlier run that could not be interrupted in time
-            self._results[rank] = result
-            self._finished += 1
-            if self._finished == self.world_size:
-                self._over.set()
-            made = self._next_seq[rank]
-            self._returned[rank] = made
-            for rnd in self._rounds.values():
-                if not rnd.done and rnd.calls[rank] is None:
-                    self._fail_locked(self._left_early(rnd, rank))
-                    return
+    def _step(self, rank: int) -> None:
+        """Resume ``rank`` (start it, let it take its result or throw into it) until it switches
+        back. A result stays in ``self.resume`` for the rank to take: passed through the switch,
+        the scheduler's suspended frame would hold it and keep it from the array pool."""
+        g = self.greenlets[rank]
+        state = self.state[rank]
+        error = self.resume[rank]
+        if not isinstance(error, BaseException):
+            error = None  # a result: the rank takes it itself
+        self.state[rank] = _RUNNABLE
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch._C._set_grad_enabled(self.grad_modes[rank])
+        watchdog = self.watchdog
+        if watchdog is not None:  # watchdog.start(rank), inlined
+            watchdog.started = _monotonic()
+            watchdog.rank = rank
+        try:
+            try:
+                if state == _NEW:
+                    g.switch(rank)
+                elif error is not None:
+                    self.resume[rank] = None
+                    g.throw(error)
+                else:
+                    g.switch()
+            finally:
+                if watchdog is not None:  # watchdog.end(), inlined
+                    watchdog.rank = -1
+                    if watchdog.arming or watchdog.injected:
+                        watchdog.settle()
+        except _Interrupted:  # the watchdog's exception took effect after the switch back
+            watchdog.settle()  # type: ignore[union-attr]
+        if torch is not None or "torch" in sys.modules:
+            self.grad_modes[rank] = sys.modules["torch"].is_grad_enabled()
+        if g.dead:
+            self.state[rank] = _DONE
 
-    def _left_early(self, rnd: _Round, rank: int) -> str:
-        waiting = rnd.waiting()
+    def _kill(self) -> None:
+        """End every rank's greenlet (their ``finally`` blocks run)."""
+        self.failure = self.failure or "the run was interrupted"
+        for g in self.greenlets:
+            if g and not g.dead:  # started and not ended
+                try:
+                    g.throw(GreenletExit)
+                except BaseException:  # noqa: BLE001, S110 - the run is being interrupted anyway
+                    pass
+
+    # -- a rank's life ----------------------------------------------------------------------
+
+    def _rank_main(self, rank: int) -> None:
+        api.set_rank_backend(_SimRank(self, rank))
+        try:
+            result = self.fn(*self.args, **self.kwargs)
+        except GreenletExit:
+            return  # killed by the scheduler
+        except KeyboardInterrupt as exc:
+            self.interrupt = exc
+        except BaseException as exc:  # noqa: BLE001 - every exception goes back to the caller
+            self._rank_raised(rank, exc)
+        else:
+            self.results[rank] = result
+        if rank in self.timed_out:
+            self.late[rank] = time.monotonic() - self.timed_out[rank]
+
+    def _rank_raised(self, rank: int, exc: BaseException) -> None:
+        if isinstance(exc, _Aborted | _Interrupted) or rank in self.timed_out:
+            return  # released because the run had already failed, or interrupted
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        self.errors[rank] = (exc, text)
+        if self.failure is None:
+            self.failed_rank = rank
+            self._fail(f"rank {rank} raised {type(exc).__name__}: {exc}")
+
+    def _fail(self, message: str) -> None:
+        if self.failure is None:
+            self.failure = message
+            if self.watchdog is not None:  # ranks still running their own code get a grace
+                self.watchdog.limit = min(self.timeout, JOIN_GRACE)
+
+    def _stuck(self, waiting: list[int]) -> str:
+        """Why no rank can go on while ``waiting`` ranks wait in the current collective."""
+        name = f"{self.calls[waiting[0]].op} #{self.seq}"  # type: ignore[union-attr]
+        if self.timed_out:
+            missing = sorted(self.timed_out)
+            still = "was still running its" if len(missing) == 1 else "were still running their"
+            return (
+                f"{name} timed out after {self.timeout:g} s: {_ranks(waiting)} arrived but "
+                f"{_ranks(missing)} {still} own code; pass timeout= to dist.run to wait longer"
+            )
+        returned = min(r for r in range(self.world_size) if self.calls[r] is None)
         verb = "is" if len(waiting) == 1 else "are"
         return (
-            f"{_ranks(waiting)} {verb} waiting in {rnd.name()} but rank {rank} has already "
-            f"returned (after {self._returned[rank]} collectives): every rank must call the "
+            f"{_ranks(waiting)} {verb} waiting in {name} but rank {returned} has already "
+            f"returned (after {self.seq} collectives): every rank must call the "
             "same collectives in the same order"
         )
 
-    def _fail(self, message: str) -> None:
-        with self._lock:
-            self._fail_locked(message)
-
-    def _fail_locked(self, message: str) -> None:
-        if self._failure is None:
-            self._failure = message
-        self._over.set()
-        for r in range(self.world_size):
-            self._wake_locked(r)
-
-    def _wake_locked(self, rank: int) -> None:
-        if self._sleeping[rank]:
-            self._sleeping[rank] = False
-            self._wake[rank].release()
-
     def _error(self) -> Exception:
-        if self._failed_rank is not None and self._errors:
-            first = min(self._errors)  # the lowest rank that raised on its own
-            exc, text = self._errors[first]
+        if self.failed_rank is not None and self.errors:
+            first = min(self.errors)  # the lowest rank that raised on its own
+            exc, text = self.errors[first]
             error: Exception = RankError(first, type(exc).__name__, str(exc), text)
             error.original = exc  # type: ignore[attr-defined]
-            others = sorted(set(self._errors) - {first})
+            others = sorted(set(self.errors) - {first})
             if others:
                 error.add_note(f"{_ranks(others)} also raised")
             return error
-        return CollectiveError(self._failure)
-
-    def _stop(self, threads: list[threading.Thread]) -> None:
-        """Join every rank thread; interrupt those still running their own code."""
-        threads = [t for t in threads if t.ident is not None]  # started
-        if self._failure is None:
-            for thread in threads:
-                thread.join()
-            return
-        deadline = time.monotonic() + JOIN_GRACE
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        alive = [t for t in threads if t.is_alive()]
-        for thread in alive:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(thread.ident), ctypes.py_object(_Interrupted)
+        error = CollectiveError(self.failure)
+        late = sorted(r for r, seconds in self.late.items() if seconds > JOIN_GRACE)
+        if late:
+            error.add_note(
+                f"{_ranks(late)} could not be interrupted at once (blocked outside Python, "
+                "e.g. in time.sleep): the run ended when that call returned"
             )
-        deadline = time.monotonic() + JOIN_GRACE
-        for thread in alive:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        return error
 
     # -- the rendezvous ---------------------------------------------------------------------
 
     def collective(
-        self,
-        me: _SimRank,
-        op: str,
-        params: tuple,
-        array: np.ndarray | None,
-        restore: Restore,
+        self, rank: int, op: str, params: tuple, array: np.ndarray | None, restore: Restore
     ) -> tuple[Any, Restore]:
         """Meet the other ranks in ``op``; this rank's result and the restorer that built it.
 
-        The result comes from :data:`_COMPUTE` [op], run once by the last rank to arrive.
+        The last rank to arrive computes every rank's result (:func:`_compute`) and goes on;
+        the others switch to the scheduler until it resumes them with their results.
         """
-        rank = me.rank()
-        with self._lock:
-            if me.generation != self._generation:
-                raise _Aborted("this rank belongs to a run that has already ended")
-            if self._failure is not None:
-                raise _Aborted(self._failure)
-            seq = self._next_seq[rank]
-            self._next_seq[rank] = seq + 1
-            rnd = self._rounds.get(seq)
-            if rnd is None:
-                rnd = self._rounds[seq] = _Round(seq, self.world_size)
-            rnd.calls[rank] = _Call(op, params, array, restore)
-            rnd.arrived += 1
-            if self._returned:
-                gone = [r for r, made in self._returned.items() if made <= seq]
-                if gone:
-                    self._fail_locked(self._left_early(rnd, gone[0]))
-                    raise _Aborted(self._failure)
-            last = rnd.arrived == self.world_size
-            if last:
-                del self._rounds[seq]  # complete: nobody looks it up again
-            else:
-                self._sleeping[rank] = True
-        if not last:
-            return self._wait(rnd, rank)
-        # The last to arrive checks the calls and computes every rank's result, unlocked.
-        calls: list[_Call] = rnd.calls  # type: ignore[assignment]
+        if self.failure is not None:
+            raise _Aborted(self.failure)
+        if self.timed_out and rank in self.timed_out:
+            raise _Interrupted(f"rank {rank} was interrupted after {self.timeout:g} s")
+        P = self.world_size
+        torch = sys.modules.get("torch")
+        if torch is not None and P > 1 and torch._C._current_graph_task_id() != -1:
+            raise RuntimeError(
+                "a collective of the simulated world cannot run inside torch's autograd engine "
+                "(a hook or an autograd.Function's backward during .backward()): the ranks share "
+                "one thread; call it outside backward, or use dist.run(..., backend='gloo')"
+            )
+        self.calls[rank] = _Call(op, params, array, restore)
+        arrived = self.arrived + 1
+        if arrived < P:
+            self.arrived = arrived
+            self.state[rank] = _WAITING
+            self.scheduler.switch()
+            result = self.resume[rank]  # (the scheduler throws into this rank instead on failure)
+            self.resume[rank] = None
+            return result
+        calls: list[_Call] = self.calls  # type: ignore[assignment]
+        seq = self.seq
+        self.seq = seq + 1
+        self.calls = [None] * P
+        self.arrived = 0
         try:
-            tracing = self._active_trace is not None
-            results, event, work = _compute(
-                calls, seq, self.deterministic, tracing, self._buffers.empty
+            results, event = _compute(
+                calls, seq, self.deterministic, self.trace is not None, self.buffers.empty
             )
         except CollectiveError as exc:
             self._fail(str(exc))
+            self._release(rank)
             raise _Aborted(str(exc)) from None
         except Exception as exc:
-            self._fail(f"{rnd.name()} failed: {type(exc).__name__}: {exc}")
+            self._fail(f"{_Name(op, seq)} failed: {type(exc).__name__}: {exc}")
+            self._release(rank)
             raise
-        with self._lock:
-            if self._failure is not None:  # the others were released with the failure
-                raise _Aborted(self._failure)
-            if event is not None:
-                self._active_trace.record(event)
-            rnd.results = results
-            if work is None:
-                rnd.done = True
-            else:  # large data: every rank computes its share, in parallel
-                rnd.work = work
-                rnd.working = self.world_size
-            for r in range(self.world_size):
-                self._wake_locked(r)
-        if work is not None:
-            self._share_work(rnd, rank)
+        if event is not None:
+            self.trace.record(event)  # type: ignore[union-attr]
+        state, resume, runnable = self.state, self.resume, self.runnable
+        for r in range(P):
+            if r != rank:
+                state[r] = _RUNNABLE
+                resume[r] = results[r]
+                runnable.append(r)
         return results[rank]
 
-    def _share_work(self, rnd: _Round, rank: int) -> None:
-        """Do this rank's share of ``rnd.work``, then wait until every rank has done its own."""
-        try:
-            rnd.work(rank)
-        except BaseException as exc:
-            self._fail(f"{rnd.name()} failed: {type(exc).__name__}: {exc}")
-            raise
-        with self._lock:
-            rnd.working -= 1
-            if rnd.working == 0:
-                rnd.done = True
-                for r in range(self.world_size):
-                    self._wake_locked(r)
+    def _release(self, rank: int) -> None:
+        """Make every rank but ``rank`` (all waiting in the collective) raise the failure."""
+        for r in range(self.world_size):
+            if r != rank:
+                self.state[r] = _RUNNABLE
+                self.resume[r] = _Aborted(self.failure)
+                self.runnable.append(r)
+
+
+class _Watchdog:
+    """A thread that interrupts a rank running its own code for more than ``limit`` seconds.
+
+    Before resuming a rank the scheduler sets ``started`` and ``rank``; once the rank has
+    switched back it sets ``rank`` to -1, lock-free: the watchdog sets ``arming`` before it
+    reads ``rank``, and the scheduler reads ``arming`` (and ``injected``) after clearing
+    ``rank``, so either the watchdog sees -1 or the scheduler sees it at work and waits for it
+    in :meth:`settle`. The watchdog injects :class:`_Interrupted` into the calling thread
+    (``PyThreadState_SetAsyncExc``) only while that rank is still the one running, and
+    :meth:`settle` clears an injected exception that has not taken effect yet.
+    """
+
+    def __init__(self, run: _Run, limit: float) -> None:
+        self.run = run
+        self.limit = limit
+        self.thread_id = threading.get_ident()
+        self.rank = -1  # the rank running now; -1: none
+        self.started = 0.0
+        self.injected = False
+        self.arming = False
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._poll = min(max(limit / 8, 0.005), 0.1)
+        self._thread = threading.Thread(target=self._watch, name="chainrule-sim-watchdog")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def settle(self) -> None:
+        """Stop watching; clear an injected exception that has not taken effect yet."""
+        while True:  # the injected exception may take effect anywhere in here: start again
+            try:
+                with self._lock:
+                    self.rank = -1
+                    injected = self.injected
+                    self.injected = False
+                if injected:
+                    thread = ctypes.c_ulong(self.thread_id)
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(thread, None)
                 return
-            if self._failure is not None:
-                raise _Aborted(self._failure)
-            self._sleeping[rank] = True
-        self._wake[rank].acquire()
-        if not rnd.done:
-            raise _Aborted(self._failure)
+            except _Interrupted:
+                continue
 
-    def _wait(self, rnd: _Round, rank: int) -> tuple[Any, Restore]:
-        """Sleep until the last rank completes ``rnd``, the run fails, or the time is up."""
-        wake = self._wake[rank]
-        deadline: float | None = rnd.started + self.timeout
-        while True:
-            if deadline is None:
-                wake.acquire()
-                break
-            remaining = deadline - time.monotonic()
-            if remaining > 0 and wake.acquire(timeout=remaining):
-                break
+    def stop(self) -> None:
+        self.settle()
+        self._stopped.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._poll):
+            rank, started = self.rank, self.started
+            if rank < 0 or time.monotonic() - started < self.limit:
+                continue
+            states = self.run.state
+            if all(s == _DONE for r, s in enumerate(states) if r != rank):
+                continue  # no rank can be waiting for this one: it may take its time
             with self._lock:
-                if not self._sleeping[rank]:  # woken right after the timeout
-                    wake.acquire()  # returns at once, taking that wake-up
-                    break
-                if rnd.arrived == self.world_size:  # all here: the last one is computing
-                    deadline = None
-                    continue
-                self._sleeping[rank] = False
-                self._fail_locked(self._timed_out(rnd))
-                raise _Aborted(self._failure)
-        if rnd.done:
-            return rnd.results[rank]
-        if rnd.work is not None and self._failure is None:
-            self._share_work(rnd, rank)
-            return rnd.results[rank]
-        raise _Aborted(self._failure)
-
-    def _timed_out(self, rnd: _Round) -> str:
-        arrived = rnd.waiting()
-        missing = [r for r in range(self.world_size) if rnd.calls[r] is None]
-        still = "was still running its" if len(missing) == 1 else "were still running their"
-        return (
-            f"{rnd.name()} timed out after {self.timeout:g} s: {_ranks(arrived)} arrived but "
-            f"{_ranks(missing)} {still} own code; pass timeout= to "
-            "dist.run to wait longer"
-        )
+                self.arming = True
+                if self.rank == rank and self.started == started and not self._stopped.is_set():
+                    now = time.monotonic()
+                    self.run.timed_out.setdefault(rank, now)
+                    self.started = now  # once more after another limit, if it swallows this
+                    self.injected = True
+                    thread, error = ctypes.c_ulong(self.thread_id), ctypes.py_object(_Interrupted)
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(thread, error)
+                self.arming = False
 
 
 # -- the ranks' view --------------------------------------------------------------------------
 
 
 class _SimRank:
-    """One rank of a :class:`SimulatedWorld`: the backend of the collectives in its thread."""
+    """One rank of a :class:`SimulatedWorld` run: the backend of the collectives in its greenlet."""
 
-    __slots__ = ("world", "_rank", "generation")
+    __slots__ = ("world", "_rank")
 
-    def __init__(self, world: SimulatedWorld, rank: int, generation: int) -> None:
+    def __init__(self, world: _Run, rank: int) -> None:
         self.world = world
         self._rank = rank
-        self.generation = generation
 
     def rank(self) -> int:
         return self._rank
@@ -470,7 +524,7 @@ class _SimRank:
     def all_reduce(self, x: Any, op: ReduceOp) -> Any:
         array, restore = api.to_numpy(x)
         api.check_reducible(array, op)
-        result, _ = self.world.collective(self, "all_reduce", (("op", op),), array, restore)
+        result, _ = self.world.collective(self._rank, "all_reduce", (("op", op),), array, restore)
         return restore(result)
 
     def all_gather(self, x: Any, axis: int) -> Any:
@@ -478,7 +532,9 @@ class _SimRank:
         if array.ndim == 0:
             array = array.reshape(1)
         axis = api.normalize_axis(axis, array.ndim, "axis")
-        result, _ = self.world.collective(self, "all_gather", (("axis", axis),), array, restore)
+        result, _ = self.world.collective(
+            self._rank, "all_gather", (("axis", axis),), array, restore
+        )
         return restore(result)
 
     def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any:
@@ -486,7 +542,7 @@ class _SimRank:
         api.check_reducible(array, op)
         axis = api.check_divisible(array, axis, self.world.world_size, "reduce_scatter")
         result, _ = self.world.collective(
-            self, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
+            self._rank, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
         )
         return restore(result)
 
@@ -497,7 +553,7 @@ class _SimRank:
         )
         concat_axis = api.normalize_axis(concat_axis, array.ndim, "concat_axis")
         params = (("split_axis", split_axis), ("concat_axis", concat_axis))
-        result, _ = self.world.collective(self, "all_to_all", params, array, restore)
+        result, _ = self.world.collective(self._rank, "all_to_all", params, array, restore)
         return restore(result)
 
     def broadcast(self, x: Any, src: int) -> Any:
@@ -506,7 +562,7 @@ class _SimRank:
         if array is None and self._rank == src:
             raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
         result, src_restore = self.world.collective(
-            self, "broadcast", (("src", src),), array, restore
+            self._rank, "broadcast", (("src", src),), array, restore
         )
         return (restore if x is not None else src_restore)(result)
 
@@ -519,11 +575,11 @@ class _SimRank:
                 raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
             axis = api.check_divisible(array, axis, self.world.world_size, "scatter")
             params = (("src", src), ("axis", axis))
-        result, src_restore = self.world.collective(self, "scatter", params, array, restore)
+        result, src_restore = self.world.collective(self._rank, "scatter", params, array, restore)
         return (restore if x is not None else src_restore)(result)
 
     def barrier(self) -> None:
-        self.world.collective(self, "barrier", (), None, api.to_numpy(None)[1])
+        self.world.collective(self._rank, "barrier", (), None, api.to_numpy(None)[1])
 
 
 # -- checking the calls and computing the results ---------------------------------------------
@@ -531,47 +587,55 @@ class _SimRank:
 
 def _compute(
     calls: list[_Call], seq: int, deterministic: bool, tracing: bool, empty: Empty
-) -> tuple[list[tuple[Any, Restore]], CollectiveEvent | None, Work | None]:
-    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer),
-    the trace event, and the work left to share between the ranks (None: results complete).
+) -> tuple[list[tuple[Any, Restore]], CollectiveEvent | None]:
+    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer) and
+    the trace event.
 
     The checks compare with plain loops first (the common case: everything agrees) and only
     group the ranks by value to write the error message when something differs.
     """
     first = calls[0]
     op = first.op
-    if any(c.op != op for c in calls):
-        _check_same_op(calls, seq)
-    name = _Name(op, seq)
-    if op == "scatter":  # only the source knows the axis of a scatter
-        params = first.params[:1]
-        if any(c.params[:1] != params for c in calls):
-            _check_same_params([c.params[:1] for c in calls], name)
-    else:
-        params = first.params
-        if any(c.params != params for c in calls):
+    params = first.params
+    arrays = []
+    same = True
+    for c in calls:  # the common case in one loop: every rank made the same call
+        if c.op != op or c.params != params:
+            same = False
+        arrays.append(c.array)
+    name = _Name(op, seq)  # formatted only in a message
+    if not same:
+        if any(c.op != op for c in calls):
+            _check_same_op(calls, seq)
+        if op == "scatter":  # only the source knows the axis of a scatter
+            params = first.params[:1]
+            if any(c.params[:1] != params for c in calls):
+                _check_same_params([c.params[:1] for c in calls], name)
+        else:
             _check_same_params([c.params for c in calls], name)
-    arrays = [c.array for c in calls]
-    kwargs = dict(params)
+    kwargs = _kwargs(params)
     if op == "broadcast" or op == "scatter":
         src = kwargs["src"]
-        kwargs = dict(calls[src].params)
+        kwargs = _kwargs(calls[src].params)
         if op == "broadcast":
             _check_like_source(arrays, src, name)
-        results, work = _COMPUTE[op](arrays, kwargs, deterministic, empty)
+        results = _COMPUTE[op](arrays, kwargs, deterministic, empty)
         restore = calls[src].restore
         nbytes = arrays[src].nbytes
     else:
         if op != "barrier":
             a0 = arrays[0]
-            if any(a.dtype != a0.dtype or a.shape != a0.shape for a in arrays):
-                _check_same(arrays, name, "dtype", lambda a: a.dtype)
-                _check_same(arrays, name, "shape", lambda a: a.shape)
-        results, work = _COMPUTE[op](arrays, kwargs, deterministic, empty)
+            dtype, shape = a0.dtype, a0.shape
+            for a in arrays:
+                if a.shape != shape or (a.dtype is not dtype and a.dtype != dtype):
+                    _check_same(arrays, name, "dtype", lambda a: a.dtype)
+                    _check_same(arrays, name, "shape", lambda a: a.shape)
+        results = _COMPUTE[op](arrays, kwargs, deterministic, empty)
         restore = _RESTORE_ARRAY
-        nbytes = max((a.nbytes for a in arrays if a is not None), default=0)
     event = None
     if tracing:
+        if op != "broadcast" and op != "scatter":
+            nbytes = max((a.nbytes for a in arrays if a is not None), default=0)
         present = [a for a in arrays if a is not None]
         event = CollectiveEvent(
             seq=seq,
@@ -580,12 +644,18 @@ def _compute(
             dtype=str(present[0].dtype) if present else None,
             nbytes=int(nbytes),
             ranks=tuple(range(len(calls))),
-            kwargs=kwargs,
+            kwargs=dict(kwargs),
         )
-    return [(result, restore) for result in results], event, work
+    return [(result, restore) for result in results], event
 
 
 _RESTORE_ARRAY = api.to_numpy(None)[1]
+
+
+@functools.lru_cache(maxsize=256)
+def _kwargs(params: tuple) -> dict[str, Any]:
+    """The keyword arguments of a call, shared between calls: read them, never change them."""
+    return dict(params)
 
 
 class _Name:
@@ -661,10 +731,10 @@ def _reduce(sources: Sequence[np.ndarray], op: ReduceOp, outs: Sequence[np.ndarr
     cache while the next rank's block is added and while it is copied out: one pass over the
     inputs and one over the outputs, no temporary array.
     """
-    ufunc = _UFUNCS[op.value]
+    ufunc = _ufunc(op)
     first = outs[0]
-    scale = len(sources) if op is ReduceOp.AVG else None
-    if all(a.flags.c_contiguous for a in sources) and first.size > BLOCK_ELEMENTS:
+    scale = len(sources) if op is _AVG else None
+    if first.size > BLOCK_ELEMENTS and all(a.flags.c_contiguous for a in sources):
         flat_sources = [a.reshape(-1) for a in sources]
         flat_outs = [o.reshape(-1) for o in outs]
         for start in range(0, first.size, BLOCK_ELEMENTS):
@@ -695,11 +765,8 @@ def _reduce_block(
 Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 """Allocates a result array (:meth:`chainrule.dist.buffers.ArrayPool.empty`)."""
 
-Work = Callable[[int], None]
-"""``work(r)``: rank r's share of filling the results, run in rank r's thread."""
-
-Out = tuple[list[Any], Work | None]
-"""What a collective computes: every rank's result, and the work still to do on them."""
+Out = list[Any]
+"""What a collective computes: every rank's result."""
 
 
 def _copies(source: np.ndarray, count: int, empty: Empty) -> list[np.ndarray]:
@@ -714,31 +781,29 @@ def _copies(source: np.ndarray, count: int, empty: Empty) -> list[np.ndarray]:
 def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
     op: ReduceOp = kwargs["op"]
     P = len(arrays)
-    outs = [empty(arrays[0].shape, arrays[0].dtype) for _ in range(P)]
-    same_order = deterministic or P <= 2 or op is ReduceOp.MAX  # order matters for P ≥ 3 sums
-    parallel = P > 1 and arrays[0].nbytes >= PARALLEL_MIN_BYTES
-    if same_order and parallel and all(a.flags.c_contiguous for a in arrays):
-        flat_in = [a.reshape(-1) for a in arrays]
-        flat_out = [o.reshape(-1) for o in outs]
-        step = -(-arrays[0].size // (P * BLOCK_ELEMENTS)) * BLOCK_ELEMENTS
-
-        def share(rank: int) -> None:  # rank r reduces the r-th slice for everyone
-            part = slice(rank * step, (rank + 1) * step)
-            _reduce([a[part] for a in flat_in], op, [o[part] for o in flat_out])
-
-        return outs, share
+    a0 = arrays[0]
+    same_order = deterministic or P <= 2 or op is _MAX  # order matters for P ≥ 3 sums
+    if same_order and a0.size <= BLOCK_ELEMENTS:  # small: one result, then plain copies
+        ufunc = _ufunc(op)
+        total = np.empty(a0.shape, a0.dtype)  # (a ufunc of 0-d arrays returns a scalar)
+        if P > 1:
+            ufunc(a0, arrays[1], out=total)
+        else:
+            np.copyto(total, a0)
+        for a in arrays[2:]:
+            ufunc(total, a, out=total)
+        if op is _AVG:
+            np.divide(total, P, out=total)
+        return [total, *[total.copy() for _ in range(P - 1)]]
+    if a0.nbytes < MIN_POOLED_BYTES:
+        empty = np.empty  # the pool keeps large arrays only
+    outs = [empty(a0.shape, a0.dtype) for _ in range(P)]
     if same_order:
         _reduce(arrays, op, outs)
-        return outs, None
-
-    def own_order(rank: int) -> None:  # rank r sums in its ring order r, r+1, ..., r−1
-        _reduce([arrays[j] for j in _ring_order(rank, P)], op, outs[rank : rank + 1])
-
-    if parallel:
-        return outs, own_order
-    for r in range(P):
-        own_order(r)
-    return outs, None
+        return outs
+    for r in range(P):  # rank r sums in its ring order r, r+1, ..., r−1
+        _reduce([arrays[j] for j in _ring_order(r, P)], op, outs[r : r + 1])
+    return outs
 
 
 def _chunks(array: np.ndarray, parts: int, axis: int) -> list[np.ndarray]:
@@ -758,7 +823,7 @@ def _reduce_scatter(
         out = empty(sources[0].shape, arrays[0].dtype)
         _reduce(sources, op, [out])
         outs.append(out)
-    return outs, None
+    return outs
 
 
 def _all_gather(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
@@ -766,7 +831,7 @@ def _all_gather(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, emp
     shape = list(arrays[0].shape)
     shape[axis] *= len(arrays)
     gathered = np.concatenate(arrays, axis=axis, out=empty(tuple(shape), arrays[0].dtype))
-    return [gathered, *_copies(gathered, len(arrays) - 1, empty)], None
+    return [gathered, *_copies(gathered, len(arrays) - 1, empty)]
 
 
 def _all_to_all(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
@@ -783,20 +848,20 @@ def _all_to_all(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, emp
         )
         for r in range(P)
     ]
-    return outs, None
+    return outs
 
 
 def _barrier(arrays: list[None], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
-    return [None] * len(arrays), None
+    return [None] * len(arrays)
 
 
 def _broadcast(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
-    return _copies(arrays[kwargs["src"]], len(arrays), empty), None
+    return _copies(arrays[kwargs["src"]], len(arrays), empty)
 
 
 def _scatter(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
     chunks = _chunks(arrays[kwargs["src"]], len(arrays), kwargs["axis"])
-    return [_copies(chunk, 1, empty)[0] for chunk in chunks], None
+    return [_copies(chunk, 1, empty)[0] for chunk in chunks]
 
 
 _COMPUTE: dict[str, Callable[..., Out]] = {
