@@ -213,13 +213,13 @@ def test_lesson_7_distributed_graph():
         "backends",
         "real_backend",
         "on_processes",
-        "on_threads",
+        "on_simulated",
         "single_process",
         "mlp_gaps",
     ]
     nb, v = run_lesson(LESSONS["graph"], fetch)
     theta_grad, local, slice_grads, backends, real_backend = (v[name] for name in fetch[:5])
-    on_processes, on_threads, single_process, mlp_gaps = (v[name] for name in fetch[5:])
+    on_processes, on_simulated, single_process, mlp_gaps = (v[name] for name in fetch[5:])
 
     def local_gradient(examples):
         return float(np.mean([(x - y) * x for x, y in examples]))  # (wx − y)x at w = 1
@@ -230,7 +230,7 @@ def test_lesson_7_distributed_graph():
     assert theta_grad == pytest.approx(full)
     assert slice_grads == [pytest.approx(full)] * 2
     assert real_backend in backends and ("nccl" in backends) == (real_backend == "nccl")
-    assert on_processes == on_threads
+    assert on_processes == on_simulated
     assert [p[0] for p in on_processes] == [pytest.approx(local_gradient(e)) for e in rank_examples]
     assert [p[1] for p in on_processes] == [pytest.approx(full)] * 2
     assert single_process == pytest.approx(full)

@@ -3,7 +3,7 @@
 >>> from chainrule import dist
 >>> def step(x):
 ...     return dist.all_reduce(x * (dist.rank() + 1))
->>> dist.run(step, 4, args=(1.0,))          # four ranks, one thread each
+>>> dist.run(step, 4, args=(1.0,))          # four ranks, taking turns in this process
 [array(10.), array(10.), array(10.), array(10.)]
 
 The same function runs unchanged with ``backend="gloo"`` (one process per rank, CPU),
