@@ -145,6 +145,44 @@ def read_grades(summary_json: Path) -> Grades:
     return grades
 
 
+def failing_tests(course: Path, student: str, notebook: str) -> list[str]:
+    """The test cells that raised in a student's autograded notebook: ``id: Error: message``."""
+    path = course / "autograded" / student / ASSIGNMENT / f"{notebook}.ipynb"
+    if not path.exists():
+        return ["no autograded notebook"]
+    failures = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        flags = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or not flags.get("grade") or flags.get("solution"):
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                message = (output.get("evalue") or "").strip().splitlines()[:1]
+                failures.append(f"{flags['grade_id']}: {output['ename']}: {''.join(message)[:200]}")
+    return failures
+
+
+def grade_differences(
+    first: tuple[str, Path, Grades], second: tuple[str, Path, Grades], same_students: bool = True
+) -> list[str]:
+    """Each notebook graded differently by two batches ``(name, course, grades)``, with the
+    test cells that failed in each; with ``same_students``, also students only one graded."""
+    (name_a, course_a, grades_a), (name_b, course_b, grades_b) = first, second
+    differences = []
+    for student in sorted(set(grades_a) & set(grades_b)):
+        a, b = grades_a[student], grades_b[student]
+        for notebook in sorted(k for k in a.keys() | b.keys() if k not in ("status", "total")):
+            if a.get(notebook) != b.get(notebook):
+                differences.append(
+                    f"{student}/{notebook}: {name_a} {a.get(notebook)} "
+                    f"{failing_tests(course_a, student, notebook)} vs {name_b} "
+                    f"{b.get(notebook)} {failing_tests(course_b, student, notebook)}"
+                )
+    missing = set(grades_a) ^ set(grades_b) if same_students else set()
+    differences += [f"{student}: graded by only one batch" for student in sorted(missing)]
+    return differences
+
+
 def all_graded(grades: Grades) -> bool:
     """Whether every student has a total (no notebook failed to grade)."""
     return all(entry["total"] is not None for entry in grades.values())
@@ -178,12 +216,15 @@ def measure(
             shutil.copytree(template, copies[name])
         sequential_s, sequential = grade_batch(copies["sequential"], 1)
         parallel_s, parallel = grade_batch(copies["parallel"], 2)
+        reference = ("sequential", copies["sequential"], sequential)
+        differences = grade_differences(reference, ("parallel", copies["parallel"], parallel))
         if single:
             single_s, alone = grade_batch(copies["single"], 1, students[:1])
-    identical = parallel == sequential
+            alone_batch = ("single", copies["single"], alone)
+            differences += grade_differences(alone_batch, reference, same_students=False)
+    identical = not differences
     rows = []
     if single:
-        identical = identical and alone[students[0]] == sequential[students[0]]
         rows.append(
             make_row(
                 "grading.single",
@@ -205,6 +246,7 @@ def measure(
             all_graded=all_graded(sequential) and all_graded(parallel),
             distinct_grades=distinct_grades(sequential),
             submissions=count,
+            **({"differences": "; ".join(differences)} if differences else {}),
         )
     )
     return rows

@@ -4,7 +4,8 @@
 
 Each family's ``measure(quick)`` runs in fresh interpreters (:func:`benchmarks.harness.run_fresh`)
 as many times as its ``runs`` says; the rows are the medians over those runs. The raw rows and
-the machine also go to ``benchmarks/results/latest.json`` (``quick.json`` for ``--quick``), from
+the machine also go to ``benchmarks/results/latest.json`` (``quick.json`` for ``--quick``,
+``partial.json`` for ``--only``), from
 which ``--render-from`` rewrites the report without measuring again. The hand-written analysis in
 ``benchmarks/findings.md`` is appended to a full run's report.
 """
@@ -217,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     raw = measure_all(chosen, args.quick, args.runs, command.strip())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    saved = RESULTS / ("quick.json" if args.quick else "latest.json")
+    name = "quick" if args.quick else "partial" if args.only else "latest"
+    saved = RESULTS / f"{name}.json"
     saved.write_text(json.dumps(raw, indent=1))
     verdicts = write_report(args.out, raw)
     for v in verdicts:

@@ -97,7 +97,7 @@ def rank_inputs(op: str, size_bytes: int, world: int) -> list[np.ndarray]:
 
 
 def bandwidth_rows(
-    size_bytes: int = 64 * MB, world: int = WORLD, repeat: int = 5, calls: int = 3
+    size_bytes: int = 64 * MB, world: int = WORLD, repeat: int = 9, calls: int = 3
 ) -> list[Row]:
     """Each collective at ``size_bytes`` in memcpy units, paired with a memcpy sample."""
     src = np.random.default_rng(0).standard_normal(size_bytes // 8)

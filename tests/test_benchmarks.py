@@ -178,6 +178,21 @@ def test_grading_submissions_leave_one_cell_each(tmp_path):
     assert unanswered == {"s00": [], "s01": [0], "s02": [1]}
 
 
+def test_grade_differences_name_the_notebook_and_the_missing_students(tmp_path):
+    a = {"s00": {"status": "graded", "total": 3.0, "nb1": ("graded", 3.0)}}
+    b = {
+        "s00": {"status": "graded", "total": 0.0, "nb1": ("graded", 0.0)},
+        "s01": {"status": "graded", "total": 1.0, "nb1": ("graded", 1.0)},
+    }
+    diffs = grading.grade_differences(("seq", tmp_path, a), ("par", tmp_path, b))
+    assert len(diffs) == 2
+    assert diffs[0].startswith("s00/nb1: seq ('graded', 3.0)") and "('graded', 0.0)" in diffs[0]
+    assert "no autograded notebook" in diffs[0] and diffs[1] == "s01: graded by only one batch"
+    assert grading.grade_differences(("seq", tmp_path, a), ("seq", tmp_path, a)) == []
+    one = grading.grade_differences(("one", tmp_path, a), ("seq", tmp_path, b), same_students=False)
+    assert len(one) == 1
+
+
 # -- goals and report ------------------------------------------------------------------------
 
 
