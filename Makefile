@@ -29,7 +29,7 @@ WORKERS ?= 2
 install: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt requirements.lock lib/pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, found " + sys.version' 
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, found " + sys.version'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	@# A wheel that pip's own configuration already provides (a local wheel folder) is used
