@@ -31,7 +31,8 @@ allows, and `MALLOC_TRIM_THRESHOLD_` = 1 GiB), so that no implementation pays pa
 its large temporaries while another does not. *spread* is the largest over the smallest time of
 the subject across processes. Regenerate with `make bench` (`python -m benchmarks.run --out
 BENCHMARKS.md`; `--quick` for a smoke run at small sizes); the raw numbers go to
-`benchmarks/results/latest.json`.
+`benchmarks/results/latest.json` (not committed), from which `python -m benchmarks.run
+--render-from benchmarks/results/latest.json` rewrites this file without measuring again.
 """
 
 
