@@ -22,6 +22,7 @@ tensors and Python numbers or lists (which become numpy arrays, so a float comes
 from __future__ import annotations
 
 import enum
+import importlib.util
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -343,6 +344,10 @@ def resolve_backend(backend: str, world_size: int) -> str:
         return torch_backend.auto_backend(world_size)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS + ('auto',)}")
+    if backend == "gloo" and importlib.util.find_spec("torch") is not None:
+        # Importing torch here only to ask takes a second; the worker processes import it
+        # anyway and report a torch without gloo when their process group fails to start.
+        return backend
     if not is_available(backend):
         raise RuntimeError(
             f"backend {backend!r} is not available here; available: {available_backends()}"
