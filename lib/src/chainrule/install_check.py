@@ -119,7 +119,7 @@ class InstallReport:
         )
         return (
             "No GPU here: the lessons run collectives on the simulated world "
-            f'(`backend="sim"`, one thread per rank){torch_part} instead of NCCL.'
+            f'(`backend="sim"`, ranks taking turns in one process){torch_part} instead of NCCL.'
         )
 
     def to_markdown(self) -> str:
