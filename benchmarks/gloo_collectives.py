@@ -178,37 +178,26 @@ def best_ratio(subject: list[float], baseline: list[float]) -> float:
 def _size_rows(size: int, samples: dict[str, list[float]], agree: bool) -> list[Row]:
     label = size_label(size)
     raw = median(samples["raw"])
+    subjects = [  # (row key, sample, what is measured, baseline)
+        ("all_reduce", "wrapper", f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper",
+         "raw torch.distributed.all_reduce"),
+        ("round_trip", "round_trip", f"f̄(f(x)) forward+backward (2 all-reduces), {label}",
+         "one raw all_reduce"),
+        ("reduce_from_ranks", "reduce_from_ranks",
+         f"f̄(x) forward+backward (1 all-reduce), {label}", "one raw all_reduce"),
+    ]  # fmt: skip
     rows = [
         make_row(
-            f"gloo.all_reduce.{label}",
-            f"gloo all_reduce, 2 ranks, {label}: chainrule.dist wrapper",
-            median(samples["wrapper"]),
+            f"gloo.{key}.{label}",
+            f"gloo {what}",
+            median(samples[sample]),
             raw,
-            "raw torch.distributed.all_reduce",
-            paired_ratio(samples["wrapper"], samples["raw"]),
-            best_ratio=best_ratio(samples["wrapper"], samples["raw"]),
+            baseline,
+            paired_ratio(samples[sample], samples["raw"]),
+            best_ratio=best_ratio(samples[sample], samples["raw"]),
             agree=agree,
-        ),
-        make_row(
-            f"gloo.round_trip.{label}",
-            f"gloo f̄(f(x)) forward+backward (2 all-reduces), {label}",
-            median(samples["round_trip"]),
-            raw,
-            "one raw all_reduce",
-            paired_ratio(samples["round_trip"], samples["raw"]),
-            best_ratio=best_ratio(samples["round_trip"], samples["raw"]),
-            agree=agree,
-        ),
-        make_row(
-            f"gloo.reduce_from_ranks.{label}",
-            f"gloo f̄(x) forward+backward (1 all-reduce), {label}",
-            median(samples["reduce_from_ranks"]),
-            raw,
-            "one raw all_reduce",
-            paired_ratio(samples["reduce_from_ranks"], samples["raw"]),
-            best_ratio=best_ratio(samples["reduce_from_ranks"], samples["raw"]),
-            agree=agree,
-        ),
+        )
+        for key, sample, what, baseline in subjects
     ]
     return rows
 
