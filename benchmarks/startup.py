@@ -3,8 +3,9 @@
 Each measurement is a new interpreter that imports numpy and ``chainrule.dist``, defines the
 SPMD function in ``__main__`` (as a notebook cell does, so it travels by value), and times
 
-- the first call: the parent resolves the backend (importing torch), starts two worker
-  processes, each imports torch and joins the gloo group, then the function runs;
+- the first call: the parent starts one worker process, which imports torch and forks the
+  second rank; both join the gloo group, then the function runs (the parent itself does not
+  import torch);
 - the same first call when the process had already imported torch (as a notebook that used
   torch earlier would have): what the launcher itself costs;
 - repeated calls: the median of further calls on the live worker pool.

@@ -7,6 +7,7 @@ the same P=2 (and P=4) pool; the failure tests that must stop a pool come last.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -217,18 +218,28 @@ def test_a_function_defined_in_a_notebook_runs_on_gloo():
 
 def test_repeated_calls_reuse_the_pool_and_are_fast():
     dist.run(dist.rank, 2, backend="gloo")
-    pids = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+    pids = list(torch_backend._pools[("gloo", 2)].pids)
     times = []
     for _ in range(10):
         start = time.perf_counter()
         assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
         times.append(time.perf_counter() - start)
-    assert [p.pid for p in torch_backend._pools[("gloo", 2)].procs] == pids
+    assert list(torch_backend._pools[("gloo", 2)].pids) == pids
     assert np.median(times) < 0.05, f"median {np.median(times) * 1e3:.1f} ms per call"
 
 
+def test_gloo_ranks_share_one_started_process_that_forks_the_others():
+    dist.run(dist.rank, 2, backend="gloo")
+    pool = torch_backend._pools[("gloo", 2)]
+    assert len(pool.procs) == 1
+    assert pool.pids[0] == pool.procs[0].pid
+    forked = psutil.Process(pool.pids[1])
+    assert forked.ppid() == pool.pids[0]
+    assert dist.run(os.getpid, 2, backend="gloo") == pool.pids
+
+
 def test_an_exception_on_every_rank_keeps_the_pool():
-    pids = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+    pids = list(torch_backend._pools[("gloo", 2)].pids)
 
     def fn():
         raise ZeroDivisionError(f"rank {dist.rank()} divided by zero")
@@ -238,7 +249,7 @@ def test_an_exception_on_every_rank_keeps_the_pool():
     assert info.value.rank == 0 and info.value.exc_type == "ZeroDivisionError"
     assert "rank 0 divided by zero" in str(info.value)
     assert "raise ZeroDivisionError" in info.value.traceback_text
-    assert [p.pid for p in torch_backend._pools[("gloo", 2)].procs] == pids
+    assert list(torch_backend._pools[("gloo", 2)].pids) == pids
 
 
 def test_a_result_that_cannot_be_pickled_is_a_rank_error():
@@ -266,7 +277,7 @@ def test_backends_report_what_is_available():
 
 
 def test_an_exception_while_others_wait_is_a_rank_error_and_stops_the_pool():
-    old = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+    old = list(torch_backend._pools[("gloo", 2)].pids)
 
     def fn():
         if dist.rank() == 1:
@@ -284,13 +295,32 @@ def test_an_exception_while_others_wait_is_a_rank_error_and_stops_the_pool():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dying", [0, 1])
+def test_a_rank_whose_process_dies_is_reported_and_the_next_call_restarts(dying):
+    def fn():
+        if dist.rank() == dying:
+            os._exit(3)
+        return dist.rank()
+
+    assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
+    old = list(torch_backend._pools[("gloo", 2)].pids)
+    with pytest.raises(dist.CollectiveError) as info:
+        dist.run(fn, 2, backend="gloo", timeout=20)
+    died = "rank 0 (exit code 3)" if dying == 0 else "rank 1 died"
+    assert f"the gloo worker process of {died}" in str(info.value)
+    assert ("gloo", 2) not in torch_backend._pools
+    assert not {p.pid for p in children() if p.status() != psutil.STATUS_ZOMBIE} & set(old)
+    assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
+
+
+@pytest.mark.slow
 def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
     def fn():
         if dist.rank() == 0:
             dist.all_reduce(np.ones(2))  # rank 1 never joins
 
     assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]  # a fresh pool after a stop
-    old = [p.pid for p in torch_backend._pools[("gloo", 2)].procs]
+    old = list(torch_backend._pools[("gloo", 2)].pids)
     start = time.monotonic()
     with pytest.raises(dist.CollectiveError) as info:
         dist.run(fn, 2, backend="gloo", timeout=1.0)
@@ -318,7 +348,7 @@ def test_workers_end_with_the_process_that_started_them(tmp_path):
         "import psutil\n"
         "from chainrule import dist\n"
         "assert dist.run(dist.rank, 2, backend='gloo') == [0, 1]\n"
-        "print(' '.join(str(p.pid) for p in psutil.Process().children()))\n"
+        "print(' '.join(str(p.pid) for p in psutil.Process().children(recursive=True)))\n"
     )  # and exit without calling dist.shutdown()
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path

@@ -5,10 +5,11 @@ Two ways in:
 - :func:`run` (``dist.run(fn, P, backend="gloo")``) keeps a pool of P worker processes per
   (backend, P), each of which called ``init_process_group`` once and then waits for work. The
   function and its arguments travel *by value* (cloudpickle), so a function defined in a
-  notebook cell or in ``__main__`` runs too. The first call starts the pool (a fresh
-  interpreter and ``import torch`` per rank, about a second); later calls cost a few
-  milliseconds. Workers are started with ``python -c`` from this importable module, never by
-  re-importing the caller's ``__main__``, and they exit when the parent process does.
+  notebook cell or in ``__main__`` runs too. The first call starts the pool: for gloo one fresh
+  interpreter imports torch (about a second, most of the start-up) and forks the other ranks,
+  so the import is paid once, not P times; NCCL starts one interpreter per rank. Later calls
+  cost a few milliseconds. Workers are started with ``python -c`` from this importable module,
+  never by re-importing the caller's ``__main__``, and they exit when the parent process does.
 - :func:`init_from_env` under torchrun (one process per rank started by torchrun, on one or
   several machines): afterwards the same SPMD function calls the same collectives.
 
@@ -418,26 +419,79 @@ def init_from_env(backend: str = "auto") -> TorchRank:
 
 
 def worker_main() -> None:
-    """Entry point of a pool worker (``python -c``): arguments in ``sys.argv``."""
-    rank, world_size, backend, port, read_fd, write_fd, parent = (
+    """Entry point of a pool's worker process (``python -c``): arguments in ``sys.argv``.
+
+    ``sys.argv[1:]``: the world size, the backend, the rendezvous port, the pid of the process
+    that started the pool, then ``rank:task_fd:reply_fd`` for each rank this process hosts. A
+    process that hosts several ranks (gloo) imports torch once and forks one process per further
+    rank: ``import torch`` is most of a rank's start-up, and forked ranks share its pages.
+    """
+    world_size, backend, port, parent = (
         int(sys.argv[1]),
-        int(sys.argv[2]),
-        sys.argv[3],
+        sys.argv[2],
+        int(sys.argv[3]),
         int(sys.argv[4]),
-        int(sys.argv[5]),
-        int(sys.argv[6]),
-        int(sys.argv[7]),
     )
-    tasks = Connection(read_fd, writable=False)
-    replies = Connection(write_fd, readable=False)
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    hosted = [_RankPipes(*map(int, spec.split(":"))) for spec in sys.argv[5:]]
     # Ctrl-C in a terminal, or interrupting a notebook kernel, signals the whole process
     # group. The parent decides: it stops the pool if a run was interrupted.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        import torch
-        import torch.distributed as torch_dist
+        import torch  # noqa: F401 - before the fork, so that every rank shares the import
+        import torch.distributed  # noqa: F401
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        for pipes in hosted:
+            Connection(pipes.reply_fd, readable=False).send_bytes(
+                cloudpickle.dumps(("failed", pipes.rank, _describe(exc)))
+            )
+        return
+    forked = []
+    for pipes in hosted[1:]:
+        pid = os.fork()
+        if pid == 0:  # the new rank: keep its own pipes only, serve, and never return
+            try:
+                _close_pipes_except(hosted, pipes)
+                _serve(pipes, world_size, backend, port, watch=os.getppid())
+            finally:
+                os._exit(0)
+        forked.append(pid)
+    _close_pipes_except(hosted, hosted[0])
+    try:
+        _serve(hosted[0], world_size, backend, port, watch=parent)
+    finally:
+        for pid in forked:
+            os.waitpid(pid, 0)
 
+
+class _RankPipes:
+    """The two pipe ends of one rank's worker: tasks in, replies out."""
+
+    def __init__(self, rank: int, task_fd: int, reply_fd: int) -> None:
+        self.rank, self.task_fd, self.reply_fd = rank, task_fd, reply_fd
+
+
+def _close_pipes_except(hosted: list[_RankPipes], keep: _RankPipes) -> None:
+    """Close the other ranks' pipe ends: a rank that dies must close its last reply writer."""
+    for pipes in hosted:
+        if pipes is not keep:
+            os.close(pipes.task_fd)
+            os.close(pipes.reply_fd)
+
+
+def _serve(pipes: _RankPipes, world_size: int, backend: str, port: int, watch: int) -> None:
+    """Join the process group as ``pipes.rank``, then run tasks until told to stop.
+
+    ``watch``: the process whose end ends this one too (the pool's owner, or the process that
+    forked this rank).
+    """
+    import torch
+    import torch.distributed as torch_dist
+
+    rank = pipes.rank
+    tasks = Connection(pipes.task_fd, writable=False)
+    replies = Connection(pipes.reply_fd, readable=False)
+    threading.Thread(target=_exit_with_parent, args=(watch,), daemon=True).start()
+    try:
         torch.set_num_threads(1)  # P processes share the machine's cores
         if backend == "nccl":
             torch.cuda.set_device(rank)
@@ -456,7 +510,7 @@ def worker_main() -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         replies.send_bytes(cloudpickle.dumps(("failed", rank, _describe(exc))))
         return
-    replies.send_bytes(cloudpickle.dumps(("ready", rank)))
+    replies.send_bytes(cloudpickle.dumps(("ready", rank, os.getpid())))
     while True:
         try:
             message = tasks.recv_bytes()
@@ -536,46 +590,56 @@ _BOOTSTRAP = (  # a worker's program: the parent's import path, then worker_main
 )
 
 
+FORKED_BACKENDS = frozenset({"gloo"})
+"""Backends whose ranks share one ``import torch``: one process imports it and forks the others.
+NCCL keeps one freshly started process per rank, so that each initialises CUDA on its own."""
+
+
 class _Pool:
-    """P worker processes of one backend, each a rank of one live process group."""
+    """P worker processes of one backend, each a rank of one live process group.
+
+    ``procs``: the processes this one started (one for gloo, which forks the other ranks; one per
+    rank for NCCL); ``pids``: the process of each rank.
+    """
 
     def __init__(self, backend: str, world_size: int) -> None:
         self.backend = backend
         self.world_size = world_size
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen] = []
+        self.hosts: list[list[int]] = []  # the ranks of each started process, its own first
+        self.pids: list[int] = [0] * world_size
         self.tasks: list[Connection] = []
         self.replies: list[Connection] = []
         env = dict(os.environ)
         env["CHAINRULE_SYS_PATH"] = json.dumps([p for p in sys.path if isinstance(p, str)])
         env.setdefault("OMP_NUM_THREADS", "1")
         port = _free_port()
+        ranks = list(range(world_size))
+        hosts = [ranks] if backend in FORKED_BACKENDS else [[r] for r in ranks]
         try:
-            for r in range(world_size):
+            ends = []  # the worker's ends of each rank's pipes
+            for _ in ranks:
                 task_read, task_write = os.pipe()
                 reply_read, reply_write = os.pipe()
+                ends.append((task_read, reply_write))
+                self.tasks.append(Connection(task_write, readable=False))
+                self.replies.append(Connection(reply_read, writable=False))
+            for hosted in hosts:
+                fds = [fd for r in hosted for fd in ends[r]]
+                specs = [f"{r}:{ends[r][0]}:{ends[r][1]}" for r in hosted]
                 proc = subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-c",
-                        _BOOTSTRAP,
-                        str(r),
-                        str(world_size),
-                        backend,
-                        str(port),
-                        str(task_read),
-                        str(reply_write),
-                        str(os.getpid()),
-                    ],
-                    pass_fds=(task_read, reply_write),
+                    [sys.executable, "-c", _BOOTSTRAP, str(world_size), backend, str(port)]
+                    + [str(os.getpid()), *specs],
+                    pass_fds=fds,
                     env=env,
                     stdin=subprocess.DEVNULL,
                 )
-                os.close(task_read)
-                os.close(reply_write)
+                for fd in fds:
+                    os.close(fd)
                 self.procs.append(proc)
-                self.tasks.append(Connection(task_write, readable=False))
-                self.replies.append(Connection(reply_read, writable=False))
+                self.hosts.append(hosted)
+                self.pids[hosted[0]] = proc.pid
             self._await_ready()
         except BaseException:
             self.close(graceful=False)
@@ -597,14 +661,24 @@ class _Pool:
                 try:
                     reply = cloudpickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    code = self.procs[r].wait()
                     raise CollectiveError(
-                        f"the {self.backend} worker of rank {r} exited while starting "
-                        f"(exit code {code}); see its output above"
+                        f"the {self.backend} worker of rank {r} exited while starting"
+                        f"{self.exit_code_text(r)}; see its output above"
                     ) from None
                 if reply[0] == "failed":
                     name, message, text = reply[2]
                     raise RankError(r, name, f"while starting {self.backend}: {message}", text)
+                self.pids[r] = reply[2]
+
+    def exit_code_text(self, rank: int) -> str:
+        """`` (exit code N)`` when ``rank`` had a process of its own that has ended, else ""."""
+        for proc, hosted in zip(self.procs, self.hosts, strict=True):
+            if hosted[0] == rank:
+                try:
+                    return f" (exit code {proc.wait(1.0)})"
+                except subprocess.TimeoutExpired:
+                    return ""
+        return ""
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
@@ -624,14 +698,20 @@ class _Pool:
                     proc.wait(max(0.01, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-        for proc in self.procs:
+        for proc, hosted in zip(self.procs, self.hosts, strict=True):
             if proc.poll() is None:
+                # While the process that forked them lives, the forked ranks' pids are theirs
+                # (alive or not yet reaped): safe to signal. Afterwards they end by themselves.
+                for r in hosted[1:]:
+                    if self.pids[r]:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(self.pids[r], signal.SIGKILL)
                 proc.kill()
         for proc in self.procs:
             proc.wait()
         for conn in self.tasks + self.replies:
             conn.close()
-        self.procs, self.tasks, self.replies = [], [], []
+        self.procs, self.hosts, self.tasks, self.replies = [], [], [], []
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -749,7 +829,7 @@ def _dispatch(pool: _Pool, task: bytes, timeout: float) -> dict[int, tuple]:
         _discard(pool)
         raise CollectiveError(f"the {pool.backend} workers stopped unexpectedly") from None
     replies: dict[int, tuple] = {}
-    died: dict[int, int | None] = {}
+    died: dict[int, str] = {}
     deadline = time.monotonic() + timeout
     pending = set(range(P))
     while pending:
@@ -765,7 +845,7 @@ def _dispatch(pool: _Pool, task: bytes, timeout: float) -> dict[int, tuple]:
             try:
                 replies[r] = cloudpickle.loads(conn.recv_bytes())
             except (EOFError, OSError):
-                died[r] = pool.procs[r].wait()
+                died[r] = pool.exit_code_text(r)
             except Exception as exc:  # a result that cannot be unpickled here
                 replies[r] = ("error", r, _describe(exc), [], "")
     if not pending and not died:
@@ -773,7 +853,7 @@ def _dispatch(pool: _Pool, task: bytes, timeout: float) -> dict[int, tuple]:
     _discard(pool)
     stuck = sorted(pending)
     if died:
-        dead = ", ".join(f"rank {r} (exit code {code})" for r, code in sorted(died.items()))
+        dead = ", ".join(f"rank {r}{code}" for r, code in sorted(died.items()))
         raise CollectiveError(
             f"the {pool.backend} worker process of {dead} died during the run; the pool was "
             "stopped and restarts on the next call"
