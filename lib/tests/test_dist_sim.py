@@ -875,3 +875,70 @@ def test_no_timeout_once_every_other_rank_has_returned():
         return dist.rank()
 
     assert dist.run(fn, 2, timeout=0.1) == [0, 1]
+
+
+# -- ranks hand over to each other directly from the second collective on ---------------------
+
+
+def test_torch_grad_mode_stays_per_rank_when_ranks_hand_over_directly():
+    torch = pytest.importorskip("torch")
+
+    def fn():
+        dist.barrier()  # the ranks have started: from here on a waiting rank hands over
+        torch.set_grad_enabled(dist.rank() % 2 == 0)
+        seen = []
+        for _ in range(4):
+            dist.all_reduce(np.ones(3))
+            seen.append(torch.is_grad_enabled())
+        return seen
+
+    try:
+        results = dist.run(fn, 5)
+    finally:
+        torch.set_grad_enabled(True)
+    assert results == [[r % 2 == 0] * 4 for r in range(5)]
+
+
+def test_the_timeout_restarts_for_each_rank_handed_over_to():
+    def fn():
+        total = 0.0
+        for _ in range(3):
+            time.sleep(0.1)  # 0.4 s per round in all, 0.1 s per rank
+            total += float(dist.all_reduce(1.0))
+        return total
+
+    assert dist.run(fn, 4, timeout=0.3) == [12.0] * 4
+
+
+def test_a_rank_stuck_after_a_few_collectives_is_interrupted():
+    def fn():
+        for _ in range(3):
+            dist.all_reduce(np.ones(2))
+        if dist.rank() == 2:
+            while True:
+                pass
+        dist.barrier()
+
+    message, _ = run_failing(fn, P=4, timeout=0.2)
+    assert message.startswith("barrier #3 timed out after 0.2 s: ranks 0, 1, 3 arrived")
+    assert "rank 2 was still running its own code" in message
+
+
+def test_an_exception_after_a_few_collectives_releases_the_waiting_ranks():
+    def fn():
+        for _ in range(3):
+            dist.all_reduce(np.ones(2))
+        if dist.rank() == 3:
+            raise ValueError("late")
+        dist.all_reduce(np.ones(2))
+
+    message, error = run_failing(fn, error=dist.RankError)
+    assert error.rank == 3 and message.startswith("rank 3 raised ValueError: late")
+
+
+def test_many_rounds_in_a_world_of_one_and_of_many():
+    for P in (1, 2, 7):
+        results = dist.run(
+            lambda: [float(dist.all_reduce(np.float64(dist.rank()))) for _ in range(50)], P
+        )
+        assert results == [[P * (P - 1) / 2] * 50] * P

@@ -3,11 +3,12 @@
 The SPMD function really runs P times, once in each rank's greenlet, all inside the calling
 thread, and every collective is a meeting point: the k-th collective of every rank (its
 sequence number k) waits until all P ranks have called their k-th collective. A rank that
-arrives records its call and switches back to the scheduler, which runs the next rank; the
-last rank to arrive checks that the calls agree (same collective, arguments, shapes, dtypes),
-computes every rank's result once and carries on, and the scheduler resumes each of the others
-with its own array. Switching between greenlets costs no operating-system wake-up, so a small
-collective takes microseconds.
+arrives records its call and hands over to the next rank (directly, or through the scheduler
+when that rank has to be started or told of a failure); the last rank to arrive checks that
+the calls agree (same collective, arguments, shapes, dtypes), computes every rank's result
+once and carries on, and each of the others is resumed, in rank order, with its own array.
+Switching between greenlets costs no operating-system wake-up, so a small collective takes
+microseconds.
 
 Each rank runs in a ``contextvars`` context of its own (so ``chainrule.no_grad()`` on one rank
 never leaks into another) and, when torch is loaded, with its own torch grad mode, saved and
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
-import functools
 import sys
 import threading
 import time
@@ -98,16 +98,12 @@ def _group(values: Sequence[Any]) -> list[tuple[Any, list[int]]]:
     return sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0]))
 
 
-class _Call:
-    """One rank's side of a collective: its name, arguments and data."""
+_Key = tuple[str, tuple, tuple[int, ...] | None, np.dtype | None]
+"""What must agree between the ranks' calls of a collective: (op, params, shape, dtype)."""
 
-    __slots__ = ("op", "params", "array", "restore")
-
-    def __init__(self, op: str, params: tuple, array: np.ndarray | None, restore: Restore) -> None:
-        self.op = op
-        self.params = params
-        self.array = array
-        self.restore = restore
+_Call = tuple[_Key, np.ndarray | None, Restore]
+"""One rank's side of a collective: its key, its array and the restorer of its input's type
+(a plain tuple: the rendezvous records one per rank and call)."""
 
 
 class SimulatedWorld:
@@ -181,6 +177,7 @@ class _Run:
         self.buffers = buffers
         self.seq = 0  # the collective the ranks meet in now
         self.calls: list[_Call | None] = [None] * P
+        self.source_restore: Restore = _RESTORE_ARRAY  # of the last broadcast or scatter
         self.arrived = 0
         self.state = [_NEW] * P
         self.resume: list[Any] = [None] * P  # what a runnable rank receives (or an exception)
@@ -194,6 +191,7 @@ class _Run:
         self.late: dict[int, float] = {}  # rank -> seconds its interruption took to act
         self.grad_modes = [True] * P  # each rank's torch grad mode (torch's default)
         self.scheduler = greenlet.getcurrent()
+        self.current = -1  # the rank running now (-1: the scheduler)
         self.greenlets: list[greenlet] = []
         self.watchdog: _Watchdog | None = None
 
@@ -252,9 +250,10 @@ class _Run:
                 runnable.append(r)
 
     def _step(self, rank: int) -> None:
-        """Resume ``rank`` (start it, let it take its result or throw into it) until it switches
-        back. A result stays in ``self.resume`` for the rank to take: passed through the switch,
-        the scheduler's suspended frame would hold it and keep it from the array pool."""
+        """Resume ``rank`` (start it, let it take its result or throw into it) until a rank
+        switches back: this one, or another that it handed over to (:meth:`_wait`). A result
+        stays in ``self.resume`` for the rank to take: passed through the switch, the
+        scheduler's suspended frame would hold it and keep it from the array pool."""
         g = self.greenlets[rank]
         state = self.state[rank]
         error = self.resume[rank]
@@ -268,6 +267,7 @@ class _Run:
         if watchdog is not None:  # watchdog.start(rank), inlined
             watchdog.started = _monotonic()
             watchdog.rank = rank
+        self.current = rank
         try:
             try:
                 if state == _NEW:
@@ -284,6 +284,9 @@ class _Run:
                         watchdog.settle()
         except _Interrupted:  # the watchdog's exception took effect after the switch back
             watchdog.settle()  # type: ignore[union-attr]
+        rank = self.current  # the rank that switched back
+        self.current = -1
+        g = self.greenlets[rank]
         if torch is not None or "torch" in sys.modules:
             self.grad_modes[rank] = sys.modules["torch"].is_grad_enabled()
         if g.dead:
@@ -334,7 +337,7 @@ class _Run:
 
     def _stuck(self, waiting: list[int]) -> str:
         """Why no rank can go on while ``waiting`` ranks wait in the current collective."""
-        name = f"{self.calls[waiting[0]].op} #{self.seq}"  # type: ignore[union-attr]
+        name = f"{self.calls[waiting[0]][0][0]} #{self.seq}"  # type: ignore[index]
         if self.timed_out:
             missing = sorted(self.timed_out)
             still = "was still running its" if len(missing) == 1 else "were still running their"
@@ -373,11 +376,13 @@ class _Run:
 
     def collective(
         self, rank: int, op: str, params: tuple, array: np.ndarray | None, restore: Restore
-    ) -> tuple[Any, Restore]:
-        """Meet the other ranks in ``op``; this rank's result and the restorer that built it.
+    ) -> Any:
+        """Meet the other ranks in ``op``; this rank's result (as a numpy array).
 
         The last rank to arrive computes every rank's result (:func:`_compute`) and goes on;
-        the others switch to the scheduler until it resumes them with their results.
+        the others hand over to another rank (:meth:`_wait`) until resumed with their results. The
+        restorer of the source's input type (broadcast and scatter) is left in
+        ``self.source_restore`` for the ranks that passed None.
         """
         if self.failure is not None:
             raise _Aborted(self.failure)
@@ -391,12 +396,15 @@ class _Run:
                 "(a hook or an autograd.Function's backward during .backward()): the ranks share "
                 "one thread; call it outside backward, or use dist.run(..., backend='gloo')"
             )
-        self.calls[rank] = _Call(op, params, array, restore)
+        if array is None:
+            self.calls[rank] = ((op, params, None, None), None, restore)
+        else:
+            self.calls[rank] = ((op, params, array.shape, array.dtype), array, restore)
         arrived = self.arrived + 1
         if arrived < P:
             self.arrived = arrived
             self.state[rank] = _WAITING
-            self.scheduler.switch()
+            self._wait(rank)
             result = self.resume[rank]  # (the scheduler throws into this rank instead on failure)
             self.resume[rank] = None
             return result
@@ -406,7 +414,7 @@ class _Run:
         self.calls = [None] * P
         self.arrived = 0
         try:
-            results, event = _compute(
+            results, self.source_restore, event = _compute(
                 calls, seq, self.deterministic, self.trace is not None, self.buffers.empty
             )
         except CollectiveError as exc:
@@ -426,6 +434,37 @@ class _Run:
                 resume[r] = results[r]
                 runnable.append(r)
         return results[rank]
+
+    def _wait(self, rank: int) -> None:
+        """Let the other ranks run until one resumes ``rank``.
+
+        When the next runnable rank only has to take its result, this rank hands over to it
+        directly, doing the scheduler's work for both (the watchdog, the torch grad modes):
+        one greenlet switch instead of two. Anything else (a rank to start or to throw into,
+        an interruption to settle, no rank to run) goes through the scheduler.
+        """
+        runnable = self.runnable
+        if runnable:
+            nxt = runnable[0]
+            if self.state[nxt] == _RUNNABLE and not isinstance(self.resume[nxt], BaseException):
+                watchdog = self.watchdog
+                if watchdog is not None:  # as the scheduler does when a rank switches back
+                    watchdog.rank = -1
+                    if watchdog.arming or watchdog.injected:
+                        self.scheduler.switch()  # it settles the watchdog
+                        return
+                runnable.popleft()
+                torch = sys.modules.get("torch")
+                if torch is not None:
+                    self.grad_modes[rank] = torch.is_grad_enabled()
+                    torch._C._set_grad_enabled(self.grad_modes[nxt])
+                if watchdog is not None:  # as the scheduler does before resuming a rank
+                    watchdog.started = _monotonic()
+                    watchdog.rank = nxt
+                self.current = nxt
+                self.greenlets[nxt].switch()
+                return
+        self.scheduler.switch()
 
     def _release(self, rank: int) -> None:
         """Make every rank but ``rank`` (all waiting in the collective) raise the failure."""
@@ -522,26 +561,27 @@ class _SimRank:
         return self.world.world_size
 
     def all_reduce(self, x: Any, op: ReduceOp) -> Any:
+        if type(x) is np.ndarray and x.dtype.kind == "f":  # the common case: nothing to convert
+            return self.world.collective(self._rank, "all_reduce", (("op", op),), x, _RESTORE_ARRAY)
         array, restore = api.to_numpy(x)
         api.check_reducible(array, op)
-        result, _ = self.world.collective(self._rank, "all_reduce", (("op", op),), array, restore)
-        return restore(result)
+        return restore(
+            self.world.collective(self._rank, "all_reduce", (("op", op),), array, restore)
+        )
 
     def all_gather(self, x: Any, axis: int) -> Any:
         array, restore = api.to_numpy(x)
         if array.ndim == 0:
             array = array.reshape(1)
         axis = api.normalize_axis(axis, array.ndim, "axis")
-        result, _ = self.world.collective(
-            self._rank, "all_gather", (("axis", axis),), array, restore
-        )
+        result = self.world.collective(self._rank, "all_gather", (("axis", axis),), array, restore)
         return restore(result)
 
     def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any:
         array, restore = api.to_numpy(x)
         api.check_reducible(array, op)
         axis = api.check_divisible(array, axis, self.world.world_size, "reduce_scatter")
-        result, _ = self.world.collective(
+        result = self.world.collective(
             self._rank, "reduce_scatter", (("op", op), ("axis", axis)), array, restore
         )
         return restore(result)
@@ -553,7 +593,7 @@ class _SimRank:
         )
         concat_axis = api.normalize_axis(concat_axis, array.ndim, "concat_axis")
         params = (("split_axis", split_axis), ("concat_axis", concat_axis))
-        result, _ = self.world.collective(self._rank, "all_to_all", params, array, restore)
+        result = self.world.collective(self._rank, "all_to_all", params, array, restore)
         return restore(result)
 
     def broadcast(self, x: Any, src: int) -> Any:
@@ -561,10 +601,8 @@ class _SimRank:
         array, restore = api.to_numpy(x)
         if array is None and self._rank == src:
             raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
-        result, src_restore = self.world.collective(
-            self._rank, "broadcast", (("src", src),), array, restore
-        )
-        return (restore if x is not None else src_restore)(result)
+        result = self.world.collective(self._rank, "broadcast", (("src", src),), array, restore)
+        return (restore if x is not None else self.world.source_restore)(result)
 
     def scatter(self, x: Any, src: int, axis: int) -> Any:
         src = api.check_src(src, self.world.world_size)
@@ -575,11 +613,11 @@ class _SimRank:
                 raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
             axis = api.check_divisible(array, axis, self.world.world_size, "scatter")
             params = (("src", src), ("axis", axis))
-        result, src_restore = self.world.collective(self._rank, "scatter", params, array, restore)
-        return (restore if x is not None else src_restore)(result)
+        result = self.world.collective(self._rank, "scatter", params, array, restore)
+        return (restore if x is not None else self.world.source_restore)(result)
 
     def barrier(self) -> None:
-        self.world.collective(self._rank, "barrier", (), None, api.to_numpy(None)[1])
+        self.world.collective(self._rank, "barrier", (), None, _RESTORE_ARRAY)
 
 
 # -- checking the calls and computing the results ---------------------------------------------
@@ -587,75 +625,76 @@ class _SimRank:
 
 def _compute(
     calls: list[_Call], seq: int, deterministic: bool, tracing: bool, empty: Empty
-) -> tuple[list[tuple[Any, Restore]], CollectiveEvent | None]:
-    """Check that the P calls of collective ``seq`` agree; each rank's (result, restorer) and
-    the trace event.
+) -> tuple[Out, Restore, CollectiveEvent | None]:
+    """Check that the P calls of collective ``seq`` agree; every rank's result, the restorer
+    of the source's type (broadcast, scatter) and the trace event.
 
-    The checks compare with plain loops first (the common case: everything agrees) and only
-    group the ranks by value to write the error message when something differs.
+    The common case, every rank made the same call with the same shape and dtype, costs one
+    comparison of keys per rank; only when keys differ are the calls checked field by field
+    (:func:`_agreed`), which either finds them compatible (the ranks that pass None to a
+    broadcast or scatter) or raises a message that names the ranks.
     """
-    first = calls[0]
-    op = first.op
-    params = first.params
-    arrays = []
-    same = True
-    for c in calls:  # the common case in one loop: every rank made the same call
-        if c.op != op or c.params != params:
-            same = False
-        arrays.append(c.array)
-    name = _Name(op, seq)  # formatted only in a message
-    if not same:
-        if any(c.op != op for c in calls):
-            _check_same_op(calls, seq)
-        if op == "scatter":  # only the source knows the axis of a scatter
-            params = first.params[:1]
-            if any(c.params[:1] != params for c in calls):
-                _check_same_params([c.params[:1] for c in calls], name)
-        else:
-            _check_same_params([c.params for c in calls], name)
-    kwargs = _kwargs(params)
+    key = calls[0][0]
+    for call in calls:
+        if call[0] != key:
+            op, params = _agreed(calls, seq)
+            break
+    else:
+        op, params = key[0], key[1]
+    arrays = [call[1] for call in calls]
+    kwargs = dict(params)
     if op == "broadcast" or op == "scatter":
         src = kwargs["src"]
-        kwargs = _kwargs(calls[src].params)
-        if op == "broadcast":
-            _check_like_source(arrays, src, name)
-        results = _COMPUTE[op](arrays, kwargs, deterministic, empty)
-        restore = calls[src].restore
-        nbytes = arrays[src].nbytes
+        kwargs = dict(calls[src][0][1])
+        restore = calls[src][2]
     else:
-        if op != "barrier":
-            a0 = arrays[0]
-            dtype, shape = a0.dtype, a0.shape
-            for a in arrays:
-                if a.shape != shape or (a.dtype is not dtype and a.dtype != dtype):
-                    _check_same(arrays, name, "dtype", lambda a: a.dtype)
-                    _check_same(arrays, name, "shape", lambda a: a.shape)
-        results = _COMPUTE[op](arrays, kwargs, deterministic, empty)
         restore = _RESTORE_ARRAY
-    event = None
-    if tracing:
-        if op != "broadcast" and op != "scatter":
-            nbytes = max((a.nbytes for a in arrays if a is not None), default=0)
-        present = [a for a in arrays if a is not None]
-        event = CollectiveEvent(
-            seq=seq,
-            op=op,
-            shapes=tuple(None if a is None else a.shape for a in arrays),
-            dtype=str(present[0].dtype) if present else None,
-            nbytes=int(nbytes),
-            ranks=tuple(range(len(calls))),
-            kwargs=dict(kwargs),
-        )
-    return [(result, restore) for result in results], event
+    results = _COMPUTE[op](arrays, kwargs, deterministic, empty)
+    event = _event(op, seq, arrays, kwargs) if tracing else None
+    return results, restore, event
+
+
+def _agreed(calls: list[_Call], seq: int) -> tuple[str, tuple]:
+    """The (op, params) of calls whose keys differ, if they are compatible; else raise
+    :class:`CollectiveError` naming the ranks that differ and how."""
+    op, params = calls[0][0][0], calls[0][0][1]
+    name = _Name(op, seq)  # formatted only in a message
+    if any(c[0][0] != op for c in calls):
+        _check_same_op(calls, seq)
+    if op == "scatter":  # only the source knows the axis of a scatter
+        params = params[:1]
+        if any(c[0][1][:1] != params for c in calls):
+            _check_same_params([c[0][1][:1] for c in calls], name)
+    elif any(c[0][1] != params for c in calls):
+        _check_same_params([c[0][1] for c in calls], name)
+    arrays = [c[1] for c in calls]
+    if op == "broadcast":
+        _check_like_source(arrays, dict(params)["src"], name)
+    elif op != "scatter" and op != "barrier":
+        _check_same(arrays, name, "dtype", lambda a: a.dtype)
+        _check_same(arrays, name, "shape", lambda a: a.shape)
+    return op, params
+
+
+def _event(op: str, seq: int, arrays: list[Any], kwargs: dict[str, Any]) -> CollectiveEvent:
+    """The trace event of a collective (``kwargs`` as the source passed them)."""
+    if op == "broadcast" or op == "scatter":
+        nbytes = arrays[kwargs["src"]].nbytes
+    else:
+        nbytes = max((a.nbytes for a in arrays if a is not None), default=0)
+    present = [a for a in arrays if a is not None]
+    return CollectiveEvent(
+        seq=seq,
+        op=op,
+        shapes=tuple(None if a is None else a.shape for a in arrays),
+        dtype=str(present[0].dtype) if present else None,
+        nbytes=int(nbytes),
+        ranks=tuple(range(len(arrays))),
+        kwargs=dict(kwargs),
+    )
 
 
 _RESTORE_ARRAY = api.to_numpy(None)[1]
-
-
-@functools.lru_cache(maxsize=256)
-def _kwargs(params: tuple) -> dict[str, Any]:
-    """The keyword arguments of a call, shared between calls: read them, never change them."""
-    return dict(params)
 
 
 class _Name:
@@ -672,7 +711,7 @@ class _Name:
 
 
 def _check_same_op(calls: list[_Call], seq: int) -> str:
-    groups = _group([c.op for c in calls])
+    groups = _group([c[0][0] for c in calls])
     if len(groups) > 1:
         (majority, ranks), *others = groups
         odd = ", ".join(f"{_ranks(rs)} called {op}" for op, rs in others)
@@ -784,17 +823,13 @@ def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, emp
     a0 = arrays[0]
     same_order = deterministic or P <= 2 or op is _MAX  # order matters for P ≥ 3 sums
     if same_order and a0.size <= BLOCK_ELEMENTS:  # small: one result, then plain copies
-        ufunc = _ufunc(op)
-        total = np.empty(a0.shape, a0.dtype)  # (a ufunc of 0-d arrays returns a scalar)
-        if P > 1:
-            ufunc(a0, arrays[1], out=total)
-        else:
-            np.copyto(total, a0)
-        for a in arrays[2:]:
+        ufunc = np.maximum if op is _MAX else np.add
+        total = a0.copy()  # (a ufunc of 0-d arrays without out= returns a scalar)
+        for a in arrays[1:]:
             ufunc(total, a, out=total)
         if op is _AVG:
             np.divide(total, P, out=total)
-        return [total, *[total.copy() for _ in range(P - 1)]]
+        return [total] + [total.copy() for _ in range(P - 1)]
     if a0.nbytes < MIN_POOLED_BYTES:
         empty = np.empty  # the pool keeps large arrays only
     outs = [empty(a0.shape, a0.dtype) for _ in range(P)]
