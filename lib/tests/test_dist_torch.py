@@ -172,6 +172,166 @@ def test_the_native_reduce_scatter_path_matches_numpy_too():
     check_against(dist.run(native_reduce_scatter, 2, backend="gloo"), expected_results(2), False)
 
 
+# -- all_reduce into `out`, and result memory reused only when nothing refers to it -----------
+
+
+def all_reduce_into_out() -> dict:
+    """Every form of ``out=`` on small and large (chunked, overlapped) tensors."""
+    r = dist.rank()
+    results = {}
+    for n in (6, 3 << 20):  # 24 bytes; 12 MB of float32: copied in two overlapped chunks
+        x = torch.arange(n, dtype=torch.float32) + r
+        same = x.clone()
+        returned = dist.all_reduce(same, out=same)
+        other = torch.empty_like(x)
+        kept = x.clone()
+        into_other = dist.all_reduce(x, op="avg", out=other)
+        array = np.arange(n, dtype=np.float64) * (r + 1)
+        array_out = dist.all_reduce(array, out=array)
+        strided = torch.zeros(2 * n, dtype=torch.float32)[::2]  # not contiguous: staged
+        dist.all_reduce(x, op="max", out=strided)
+        tensor = Tensor(np.full(3, r + 1.0))
+        results[n] = {
+            "in place": (returned is same, same[:4].tolist(), same[-1].item()),
+            "into other": (into_other is other, other[:4].tolist(), other[-1].item()),
+            "input kept": torch.equal(x, kept),
+            "numpy in place": (array_out is array, array[:3].tolist()),
+            "strided": (strided[:4].tolist(), strided[-1].item()),
+            "chainrule Tensor": (dist.all_reduce(tensor, out=tensor) is tensor, tensor.data),
+            "functional": dist.all_reduce(x)[-2:].tolist(),
+        }
+    return results
+
+
+def test_all_reduce_writes_into_out_which_may_be_the_input():
+    for results in dist.run(all_reduce_into_out, 2, backend="gloo"):
+        for n, got in results.items():
+            last = 2.0 * (n - 1) + 1  # (n − 1 + 0) + (n − 1 + 1)
+            assert got["in place"] == (True, [1.0, 3.0, 5.0, 7.0], last)
+            assert got["into other"] == (True, [0.5, 1.5, 2.5, 3.5], last / 2)
+            assert got["input kept"], "out= must leave a different x as it was"
+            assert got["numpy in place"] == (True, [0.0, 3.0, 6.0])
+            assert got["strided"] == ([1.0, 2.0, 3.0, 4.0], float(n))
+            assert got["chainrule Tensor"][0]
+            np.testing.assert_array_equal(got["chainrule Tensor"][1], np.full(3, 3.0))
+            assert got["functional"] == [last - 2, last]
+
+
+def test_all_reduce_into_out_checks_out():
+    def fn():
+        x = torch.ones(4)
+        errors = []
+        for out in (torch.ones(5), torch.ones(4, dtype=torch.float64), "no"):
+            try:
+                dist.all_reduce(x, out=out)
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc))
+        read_only = np.ones(4)
+        read_only.flags.writeable = False
+        try:
+            dist.all_reduce(read_only, out=read_only)
+        except ValueError as exc:
+            errors.append(str(exc))
+        dist.barrier()
+        return errors
+
+    errors = dist.run(fn, 2, backend="gloo")[0]
+    assert len(errors) == 4
+    assert "out has shape (5,) float32 but x has (4,) float32" in errors[0]
+    assert "float64" in errors[1]
+    assert "not str" in errors[2]
+    assert "read-only" in errors[3]
+
+
+def test_all_reduce_into_out_is_traced_like_the_functional_call():
+    def fn():
+        x = np.ones((2, 3))
+        dist.all_reduce(x)
+        dist.all_reduce(x, out=x)
+
+    trace = dist.Trace()
+    dist.run(fn, 2, backend="gloo", trace=trace)
+    assert len(trace) == 2
+    assert (trace[0].op, trace[0].shapes, trace[0].kwargs) == (
+        trace[1].op,
+        trace[1].shapes,
+        trace[1].kwargs,
+    )
+
+
+def results_reuse_memory_no_one_refers_to() -> dict:
+    """Large results: memory that something still refers to is never handed out again."""
+    n = 1 << 19  # 2 MB of float32
+    x = torch.ones(n)
+    first = dist.all_reduce(x)
+    first_ptr = first.data_ptr()
+    second = dist.all_reduce(x * 2)  # first is alive: new memory
+    apart = second.data_ptr() != first_ptr
+    view = first[10:]
+    del first
+    third = dist.all_reduce(x * 3)  # a view keeps the memory
+    kept_by_view = third.data_ptr() != first_ptr and view[0].item() == 2.0
+    del view, third
+    fourth = dist.all_reduce(x * 4)  # nothing refers to first's memory any more
+    reused = fourth.data_ptr() == first_ptr
+    as_numpy = dist.all_reduce(np.full(n, 5.0, dtype=np.float32))
+    fifth = dist.all_reduce(x * 6)
+    numpy_kept = fifth.data_ptr() != as_numpy.__array_interface__["data"][0]
+    return {
+        "apart": apart,
+        "kept by view": kept_by_view,
+        "reused": reused,
+        "numpy kept": numpy_kept,
+        "values": (second[0].item(), fourth[0].item(), as_numpy[0].item(), fifth[0].item()),
+    }
+
+
+def test_large_results_reuse_memory_only_when_nothing_refers_to_it():
+    for got in dist.run(results_reuse_memory_no_one_refers_to, 2, backend="gloo"):
+        assert got == {
+            "apart": True,
+            "kept by view": True,
+            "reused": True,
+            "numpy kept": True,
+            "values": (4.0, 8.0, 10.0, 12.0),
+        }
+
+
+def test_the_tensor_pool_hands_out_memory_only_when_unshared():
+    pool = torch_backend.TensorPool()
+    shape = (1 << 18,)  # 1 MB of float32
+
+    def fresh_after(holder_of):
+        t = pool.empty(shape, torch.float32)
+        ptr = t.data_ptr()
+        held = holder_of(t)
+        del t
+        again = pool.empty(shape, torch.float32)
+        reused_while_held = again.data_ptr() == ptr
+        del held, again
+        return reused_while_held, pool.empty(shape, torch.float32).data_ptr() == ptr
+
+    x = torch.ones(shape, requires_grad=True)
+    holders = {
+        "tensor": lambda t: t,
+        "view": lambda t: t[1:],
+        "numpy array": lambda t: t.numpy(),
+        "storage": lambda t: t.untyped_storage(),
+        "dlpack capsule": torch.utils.dlpack.to_dlpack,
+        "saved for backward": lambda t: x * t,
+    }
+    for name, holder in holders.items():
+        assert fresh_after(holder) == (False, True), name
+    assert pool.kept_bytes == 2 << 20  # the held buffer and the one handed out meanwhile
+    pool.empty((4,), torch.float32)
+    assert pool.kept_bytes == 2 << 20  # small tensors are not kept
+    bounded = torch_backend.TensorPool(max_bytes=0)
+    assert bounded.empty(shape, torch.float32).numel() == shape[0]
+    assert bounded.kept_bytes == 0
+    pool.clear()
+    assert pool.kept_bytes == 0
+
+
 def test_what_ranks_print_is_shown_in_rank_order(capsys):
     def fn():
         print(f"hello from rank {dist.rank()}")

@@ -114,3 +114,97 @@ def test_torch_backward_does_not_write_into_the_incoming_gradient():
     for rank, (g, x_grad) in enumerate(dist.run(backward_keeps_the_incoming_gradient, 2, "gloo")):
         np.testing.assert_array_equal(g.numpy(), np.full(4, rank + 1.0))
         np.testing.assert_array_equal(x_grad.numpy(), np.full(4, 3.0))
+
+
+def gradients_the_caller_holds_are_never_written():
+    """f's backward all-reduces: every gradient tensor someone else holds must stay as it was."""
+    r = dist.rank()
+    x = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    g = torch.full((4,), float(r + 1), dtype=torch.float64)
+    cases = {}
+
+    def check(name, backward):
+        x.grad = None
+        kept = backward()
+        cases[name] = (g.tolist(), [t.tolist() for t in kept], x.grad.tolist())
+
+    def through_f_bar():
+        duality_torch.reduce_from_ranks(duality_torch.copy_to_ranks(x)).backward(g)
+        return []
+
+    def kept_by_a_hook():
+        stash = []
+        y = duality_torch.copy_to_ranks(x)
+        y.register_hook(stash.append)
+        (y * 2).backward(g)
+        return stash
+
+    def sent_to_two_branches():
+        # mul makes a new gradient, add passes that one tensor to both branches
+        ((duality_torch.copy_to_ranks(x) + x * 1) * 1).backward(g)
+        return []
+
+    def second_derivative_graph():
+        (duality_torch.copy_to_ranks(x) * 2).backward(g, create_graph=True)
+        return []
+
+    def retained():
+        y = duality_torch.copy_to_ranks(x) * 1
+        z = duality_torch.copy_to_ranks(y)
+        y.retain_grad()
+        (z * 2).backward(g)
+        return [y.grad]
+
+    check("through f_bar", through_f_bar)
+    check("kept by a hook", kept_by_a_hook)
+    check("sent to two branches", sent_to_two_branches)
+    check("second derivative graph", second_derivative_graph)
+    check("retained", retained)
+    x.grad = None
+    return cases
+
+
+def test_no_backward_writes_into_a_gradient_someone_holds():
+    for rank, cases in enumerate(dist.run(gradients_the_caller_holds_are_never_written, 2, "gloo")):
+        g = [rank + 1.0] * 4
+        assert cases["through f_bar"] == (g, [], [3.0] * 4)
+        assert cases["kept by a hook"] == (g, [[2 * (rank + 1.0)] * 4], [6.0] * 4)
+        assert cases["sent to two branches"] == (g, [], [3.0 + rank + 1.0] * 4)
+        assert cases["second derivative graph"] == (g, [], [6.0] * 4)
+        assert cases["retained"] == (g, [[6.0] * 4], [12.0] * 4)
+
+
+def gradient_reduced_in_place_when_only_autograd_holds_it():
+    x = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    y = duality_torch.copy_to_ranks(x)
+    arriving = []
+    y.register_hook(lambda grad: arriving.append(grad.data_ptr()))  # keeps no reference
+    (y * (dist.rank() + 1.0)).backward(torch.ones(4, dtype=torch.float64))
+    return arriving[0] == x.grad.data_ptr(), x.grad.tolist()
+
+
+def test_backward_reduces_a_gradient_only_autograd_holds_in_place():
+    results = dist.run(gradient_reduced_in_place_when_only_autograd_holds_it, 2, "gloo")
+    for in_place, grad in results:
+        assert in_place
+        assert grad == [3.0] * 4
+
+
+def large_results_stay_apart():
+    """Results of 2 MB reuse memory, but never memory a result still alive lies in."""
+    r = dist.rank()
+    x = torch.full((1 << 18,), float(r + 1), dtype=torch.float64, requires_grad=True)
+    first = duality_torch.reduce_from_ranks(x)
+    second = duality_torch.reduce_from_ranks(x * 2)
+    apart = first.data_ptr() != second.data_ptr()
+    first_ptr = first.data_ptr()
+    values = (first[0].item(), second[0].item())
+    del first
+    third = duality_torch.reduce_from_ranks(x * 3)
+    third.backward(torch.ones_like(third))
+    return apart, third.data_ptr() == first_ptr, values, third[0].item(), x.grad[0].item()
+
+
+def test_large_results_reuse_memory_only_when_free():
+    for got in dist.run(large_results_stay_apart, 2, "gloo"):
+        assert got == (True, True, (3.0, 6.0), 9.0, 3.0)  # x.grad: d(3x)/dx

@@ -8,24 +8,85 @@ wrappers to call. ``group`` is the process group (``None``: the default, whole w
 
 Collectives go through ``torch.distributed`` directly, with list-based ``all_gather``,
 ``reduce_scatter`` and ``all_to_all`` (the ``*_tensor`` variants are deprecated in torch
-2.13). Backward passes never write into the incoming gradient: they reduce a copy.
+2.13).
+
+Memory: an all-reduce writes its result into memory no one else uses: large results reuse
+memory that nothing refers to any more (:class:`chainrule.dist.torch_backend.TensorPool`),
+since freshly allocated 64 MB costs about 3× a copy into mapped memory. ``CopyToRanks.backward``
+reduces the incoming gradient in place only when autograd hands over a tensor that nothing
+else holds (not the caller's ``gradient`` passed to ``backward``, not a view, not kept by a
+hook, no graph being built for a second derivative), the same test torch uses to steal a
+gradient; otherwise it reduces a copy. A caller's tensor is never written into.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as td
 from torch.autograd.function import FunctionCtx
 
+from chainrule.dist.torch_backend import all_reduce_copy, storage_unshared, tensor_pool
+
 Group = Any  # a torch.distributed ProcessGroup, or None for the default group
 
 
 def _all_reduce_sum(x: torch.Tensor, group: Group) -> torch.Tensor:
-    out = x.clone().contiguous()
-    td.all_reduce(out, op=td.ReduceOp.SUM, group=group)
+    """Σ_r x_r in memory no one else uses (``x`` is left as it was)."""
+    out = tensor_pool.empty(x.shape, x.dtype, x.device)
+    all_reduce_copy(td, out, x.detach(), td.ReduceOp.SUM, group)
     return out
+
+
+def _references(grad: torch.Tensor) -> int:
+    """References to ``grad``'s Python object, called straight from a ``backward``."""
+    return sys.getrefcount(grad)
+
+
+class _Probe(torch.autograd.Function):
+    """Measures, once, the references a gradient that only autograd holds has in backward."""
+
+    references = -1
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        _Probe.references = _references(grad)
+        return grad
+
+
+def _fresh_gradient_references() -> int:
+    if _Probe.references < 0:
+        with torch.enable_grad():
+            x = torch.zeros(1, requires_grad=True)
+            (_Probe.apply(x) * 2).backward(torch.ones(1))  # MulBackward hands over a new tensor
+    return _Probe.references
+
+
+def _autograd_owns(grad: torch.Tensor, references: int) -> bool:
+    """Whether the incoming gradient may be overwritten: nothing but autograd's call holds it.
+
+    Not a view, nothing else on its memory, one C++ owner (a gradient passed to
+    ``backward(gradient)`` is also held by the graph's root, one an ``add`` sends to two
+    branches by both), no extra Python reference (a hook that kept it), and no graph being
+    recorded (``create_graph=True``). ``references``: :func:`_references` of ``grad``.
+    """
+    use_count = getattr(grad, "_use_count", None)
+    return (
+        use_count is not None
+        and not torch.is_grad_enabled()
+        and not grad.requires_grad
+        and grad._base is None
+        and grad.is_contiguous()
+        and use_count() == 1
+        and references == _fresh_gradient_references()
+        and storage_unshared(grad)
+    )
 
 
 def _all_gather_cat(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
@@ -73,6 +134,10 @@ class CopyToRanks(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        references = _references(grad)  # as in _Probe.backward
+        if _autograd_owns(grad, references):
+            td.all_reduce(grad, op=td.ReduceOp.SUM, group=ctx.group)  # no one else sees it
+            return grad, None
         return _all_reduce_sum(grad, ctx.group), None
 
 

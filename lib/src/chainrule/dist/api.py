@@ -262,12 +262,19 @@ def world_size() -> int:
     return current_backend().world_size()
 
 
-def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM) -> Any:
+def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> Any:
     """Every rank gets ⊕_r x_r (⊕ = sum, average or max), as the same type as ``x``.
 
     With ``op=SUM`` this is y = Σ_{r=0}^{P−1} x_r on every rank; its adjoint is itself.
+
+    By default the result is a new array and ``x`` is left as it was. ``out``: write the
+    result into ``out`` (an array of x's shape and dtype, which may be ``x`` itself: then it
+    works in place like ``torch.distributed.all_reduce``) and return ``out``.
     """
-    return current_backend().all_reduce(x, ReduceOp.coerce(op))
+    backend = current_backend()
+    if out is None:
+        return backend.all_reduce(x, ReduceOp.coerce(op))
+    return backend.all_reduce(x, ReduceOp.coerce(op), out=out)
 
 
 def all_gather(x: Any, axis: int = 0) -> Any:

@@ -30,6 +30,7 @@ import importlib.util
 import io
 import json
 import linecache
+import math
 import os
 import re
 import signal
@@ -154,7 +155,7 @@ class TorchRank:
             if t.device != self.device:
                 t = t.to(self.device)
             elif fresh:
-                t = t.clone(memory_format=torch.contiguous_format)
+                t = _fresh_copy(t)
             t = t.contiguous()
 
             def back(out: Any) -> Any:
@@ -162,12 +163,16 @@ class TorchRank:
 
             return t, back, _KIND_TORCH
         array, restore = api.to_numpy(x)
+        kind = _KIND_TENSOR if api.is_chainrule_tensor(x) else _KIND_NUMPY
+        if fresh and self.device.type == "cpu" and array.dtype.kind in "biufc":
+            t = tensor_pool.empty(array.shape, _torch_dtype(array.dtype))
+            np.copyto(t.numpy(), array, casting="no")
+            return t, _numpy_back(restore), kind
         if fresh or not array.flags.writeable or not array.flags.c_contiguous:
             array = np.array(array, order="C", copy=True)
         t = torch.from_numpy(array)
         if t.device != self.device:
             t = t.to(self.device)
-        kind = _KIND_TENSOR if api.is_chainrule_tensor(x) else _KIND_NUMPY
         return t, _numpy_back(restore), kind
 
     def _back_for(self, kind: int) -> Callable[[Any], Any]:
@@ -185,12 +190,75 @@ class TorchRank:
 
     # -- the collectives --------------------------------------------------------------------
 
-    def all_reduce(self, x: Any, op: ReduceOp) -> Any:
+    def all_reduce(self, x: Any, op: ReduceOp, out: Any = None) -> Any:
+        """⊕_r x_r as a new value of x's type, or written into ``out`` (which may be x)."""
+        if out is not None:
+            return self._all_reduce_into(x, op, out)
+        source = x.detach() if api.is_torch_tensor(x) else None
+        if source is not None and source.device == self.device and source.is_contiguous():
+            # The copy of a large tensor overlaps the all-reduce (all_reduce_copy).
+            _check_reducible(source, op)
+            self._record("all_reduce", source, op=op)
+            result = tensor_pool.empty(source.shape, source.dtype, source.device)
+            self._all_reduce_copy(result, source, op)
+            return result
         t, back, _ = self._to_torch(x, fresh=True)
         _check_reducible(t, op)
         self._record("all_reduce", t, op=op)
         self._all_reduce_inplace(t, op)
         return back(t)
+
+    def _all_reduce_into(self, x: Any, op: ReduceOp, out: Any) -> Any:
+        """Write ⊕_r x_r into ``out`` (x's shape and dtype) and return ``out``."""
+        if out is x and api.is_torch_tensor(x) and x.device == self.device:
+            if x.is_contiguous():  # in place, like torch.distributed.all_reduce
+                t = x.detach() if x.requires_grad else x
+                _check_reducible(t, op)
+                self._record("all_reduce", t, op=op)
+                self._all_reduce_inplace(t, op)
+                return out
+        target, write_back = self._writable_torch(out)
+        source = target if out is x else self._to_torch(x, fresh=False)[0]
+        if tuple(source.shape) != tuple(target.shape) or source.dtype != target.dtype:
+            raise ValueError(
+                f"all_reduce: out has shape {tuple(target.shape)} {_dtype_name(target.dtype)} "
+                f"but x has {tuple(source.shape)} {_dtype_name(source.dtype)}; out must be "
+                "like x"
+            )
+        _check_reducible(source, op)
+        self._record("all_reduce", source, op=op)
+        if source is target:
+            self._all_reduce_inplace(target, op)
+        else:
+            self._all_reduce_copy(target, source, op)
+        write_back()
+        return out
+
+    def _writable_torch(self, out: Any) -> tuple[Any, Callable[[], None]]:
+        """A contiguous tensor on this rank's device to write a result into, and the step that
+        copies it into ``out`` (nothing to do when the tensor is ``out``'s own memory)."""
+        if api.is_torch_tensor(out):
+            target = out.detach()
+        elif isinstance(out, np.ndarray) or api.is_chainrule_tensor(out):
+            array = out.data if api.is_chainrule_tensor(out) else out
+            if not array.flags.writeable:
+                raise ValueError("all_reduce: out is a read-only array")
+            if array.dtype.kind not in "biufc":
+                raise TypeError(f"all_reduce: out must hold numbers, not {array.dtype}")
+            target = self._torch.from_numpy(array) if array.flags.c_contiguous else None
+            if target is None or target.device != self.device:
+                staged = self._torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
+                return staged, lambda: np.copyto(array, api.torch_to_numpy(staged))
+            return target, _nothing
+        else:
+            raise TypeError(
+                f"all_reduce: out must be a numpy array, a chainrule Tensor or a torch tensor, "
+                f"not {type(out).__name__}"
+            )
+        if target.device == self.device and target.is_contiguous():
+            return target, _nothing
+        staged = target.to(self.device, memory_format=self._torch.contiguous_format, copy=True)
+        return staged, lambda: target.copy_(staged)
 
     def _all_reduce_inplace(self, t: Any, op: ReduceOp) -> None:
         if op is ReduceOp.AVG and not self._native_avg:
@@ -198,6 +266,14 @@ class TorchRank:
             t.div_(self._world_size)
         else:
             self._dist.all_reduce(t, op=self._ops[op], group=self.group)
+
+    def _all_reduce_copy(self, out: Any, x: Any, op: ReduceOp) -> None:
+        """out ← ⊕_r x_r for a contiguous ``out`` that does not overlap ``x``."""
+        native = op is not ReduceOp.AVG or self._native_avg
+        reduce_op = self._ops[op if native else ReduceOp.SUM]
+        all_reduce_copy(self._dist, out, x, reduce_op, self.group)
+        if not native:
+            out.div_(self._world_size)
 
     def all_gather(self, x: Any, axis: int) -> Any:
         t, back, _ = self._to_torch(x, fresh=False)
@@ -348,6 +424,160 @@ def _reduce_scatter_single(torch_dist: Any, out: Any, t: Any, op: Any, group: An
     if scatter is None:  # torch before the rename
         scatter = torch_dist.reduce_scatter_tensor
     scatter(out, t, op=op, group=group)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _torch_dtype(dtype: np.dtype) -> Any:
+    import torch
+
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+# -- reusing result memory, and copies that overlap the all-reduce -----------------------------
+
+MIN_POOLED_BYTES = 1 << 20
+"""Smaller results come from the ordinary allocator (which already reuses small blocks)."""
+
+OVERLAP_MIN_BYTES = 8 << 20
+"""From this size on a copy-then-all-reduce runs in two chunks (a quarter, then the rest): the
+all-reduce of the first chunk runs (``async_op=True``) while the rest is copied."""
+
+
+class TensorPool:
+    """Large CPU tensors whose memory is handed out again once nothing refers to it any more.
+
+    A collective must give each caller a tensor of its own, but writing freshly allocated 64 MB
+    costs about 3× a copy into memory already mapped (every page faults on first touch: above
+    glibc's mmap threshold each allocation maps new pages). The pool keeps one tensor per
+    buffer and hands out another tensor on the same memory (``detach()``: no autograd history,
+    no view relation). The memory goes out again only when nothing but the pool refers to it:
+    the storage's use count (one per tensor, view, numpy array or DLPack capsule on it) and the
+    reference count of its Python storage object are back to those of an unused tensor. This
+    is the test torch's own gradient accumulation uses to steal a gradient
+    (``use_count() == 1``), applied to the storage. Without the private counters (another
+    torch) nothing is reused. ``max_bytes`` bounds the memory kept; :meth:`clear` lets it go.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
+        self._kept: dict[tuple, list[Any]] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape: Any, dtype: Any, device: Any = "cpu") -> Any:
+        """An uninitialised contiguous tensor that no one else uses."""
+        import torch
+
+        device = torch.device(device)
+        shape = tuple(shape)
+        nbytes = math.prod(shape) * _element_size(dtype)
+        if nbytes < MIN_POOLED_BYTES or device.type != "cpu" or not _unused_known():
+            return torch.empty(shape, dtype=dtype, device=device)
+        key = (shape, dtype)
+        with self._lock:
+            kept = self._kept.setdefault(key, [])
+            for owner in kept:
+                if storage_unshared(owner):
+                    return owner.detach()
+            owner = torch.empty(shape, dtype=dtype)
+            if self._bytes + nbytes <= self.max_bytes:
+                kept.append(owner)
+                self._bytes += nbytes
+            return owner.detach()
+
+    def clear(self) -> None:
+        """Forget every kept tensor (those in use stay valid: they are ordinary tensors)."""
+        with self._lock:
+            self._kept.clear()
+            self._bytes = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+
+tensor_pool = TensorPool()
+"""The pool of this process: results of the wrapper's and of the autograd all-reduces."""
+
+
+def _element_size(dtype: Any) -> int:
+    import torch
+
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+_unused_counts: tuple[int, int] | None = None
+
+
+def _storage_counts(t: Any) -> tuple[int, int]:
+    """(C++ use count of t's storage, references to its Python storage object)."""
+    import torch
+
+    storage = t.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata), sys.getrefcount(storage)
+
+
+def _unused_known() -> bool:
+    """Whether the counts of an unused storage are known (measured once on a fresh tensor)."""
+    global _unused_counts
+    if _unused_counts is None:
+        import torch
+
+        try:
+            _unused_counts = _storage_counts(torch.empty(1))
+        except (AttributeError, TypeError, RuntimeError):
+            _unused_counts = (-1, -1)
+    return _unused_counts[0] >= 0
+
+
+def storage_unshared(t: Any) -> bool:
+    """Whether only ``t`` refers to its memory: no other tensor, view, numpy array, DLPack
+    capsule or Python storage object (False where torch lacks the counters)."""
+    return _unused_known() and _storage_counts(t) == _unused_counts
+
+
+def _fresh_copy(t: Any) -> Any:
+    """A contiguous copy of ``t`` in memory no one else uses (pooled when large, on CPU)."""
+    out = tensor_pool.empty(t.shape, t.dtype, t.device)
+    out.copy_(t)
+    return out
+
+
+def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = None) -> None:
+    """out ← ⊕_r x_r (torch.distributed ``op``) for a contiguous ``out`` of x's shape and dtype.
+
+    ``x`` is left as it was. For a large contiguous CPU tensor the copy runs in two chunks, a
+    quarter then the rest, and the all-reduce of the first chunk (``async_op=True``) overlaps
+    the copy of the rest: each element is still reduced exactly once, in the same way.
+    """
+    if _shares_memory(out, x):
+        if out.data_ptr() == x.data_ptr() and out.stride() == x.stride():
+            torch_dist.all_reduce(out, op=op, group=group)  # the same elements: in place
+            return
+        x = x.clone()  # overlapping elsewhere: copying in chunks would read what it wrote
+    nbytes = out.numel() * out.element_size()
+    if nbytes < OVERLAP_MIN_BYTES or out.device.type != "cpu" or not x.is_contiguous():
+        out.copy_(x)
+        torch_dist.all_reduce(out, op=op, group=group)
+        return
+    flat_out, flat_x = out.view(-1), x.view(-1)
+    first = flat_out.numel() // 4
+    flat_out[:first].copy_(flat_x[:first])
+    work = torch_dist.all_reduce(flat_out[:first], op=op, group=group, async_op=True)
+    flat_out[first:].copy_(flat_x[first:])
+    rest = torch_dist.all_reduce(flat_out[first:], op=op, group=group, async_op=True)
+    work.wait()
+    rest.wait()
+
+
+def _shares_memory(a: Any, b: Any) -> bool:
+    """Whether tensors ``a`` and ``b`` lie in one storage."""
+    if a.device != b.device:
+        return False
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 _default_group_rank: TorchRank | None = None
