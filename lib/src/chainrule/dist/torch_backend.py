@@ -199,8 +199,12 @@ class TorchRank:
             # The copy of a large tensor overlaps the all-reduce (all_reduce_copy).
             _check_reducible(source, op)
             self._record("all_reduce", source, op=op)
-            result = tensor_pool.empty(source.shape, source.dtype, source.device)
-            self._all_reduce_copy(result, source, op)
+            if source.numel() * source.element_size() < MIN_POOLED_BYTES:
+                result = source.clone()
+                self._all_reduce_inplace(result, op)
+            else:
+                result = tensor_pool.empty(source.shape, source.dtype, source.device)
+                self._all_reduce_copy(result, source, op)
             return result
         t, back, _ = self._to_torch(x, fresh=True)
         _check_reducible(t, op)
@@ -471,10 +475,9 @@ class TensorPool:
         """An uninitialised contiguous tensor that no one else uses."""
         import torch
 
-        device = torch.device(device)
         shape = tuple(shape)
-        nbytes = math.prod(shape) * _element_size(dtype)
-        if nbytes < MIN_POOLED_BYTES or device.type != "cpu" or not _unused_known():
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < MIN_POOLED_BYTES or torch.device(device).type != "cpu" or not _unused_known():
             return torch.empty(shape, dtype=dtype, device=device)
         key = (shape, dtype)
         with self._lock:
@@ -501,12 +504,6 @@ class TensorPool:
 
 tensor_pool = TensorPool()
 """The pool of this process: results of the wrapper's and of the autograd all-reduces."""
-
-
-def _element_size(dtype: Any) -> int:
-    import torch
-
-    return torch.empty(0, dtype=dtype).element_size()
 
 
 _unused_counts: tuple[int, int] | None = None
@@ -541,6 +538,10 @@ def storage_unshared(t: Any) -> bool:
 
 def _fresh_copy(t: Any) -> Any:
     """A contiguous copy of ``t`` in memory no one else uses (pooled when large, on CPU)."""
+    import torch
+
+    if t.numel() * t.element_size() < MIN_POOLED_BYTES:
+        return t.clone(memory_format=torch.contiguous_format)
     out = tensor_pool.empty(t.shape, t.dtype, t.device)
     out.copy_(t)
     return out
@@ -553,16 +554,16 @@ def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = Non
     quarter then the rest, and the all-reduce of the first chunk (``async_op=True``) overlaps
     the copy of the rest: each element is still reduced exactly once, in the same way.
     """
+    nbytes = out.numel() * out.element_size()
+    if nbytes < OVERLAP_MIN_BYTES or out.device.type != "cpu" or not x.is_contiguous():
+        out.copy_(x)  # raises if the two overlap only in part
+        torch_dist.all_reduce(out, op=op, group=group)
+        return
     if _shares_memory(out, x):
         if out.data_ptr() == x.data_ptr() and out.stride() == x.stride():
             torch_dist.all_reduce(out, op=op, group=group)  # the same elements: in place
             return
         x = x.clone()  # overlapping elsewhere: copying in chunks would read what it wrote
-    nbytes = out.numel() * out.element_size()
-    if nbytes < OVERLAP_MIN_BYTES or out.device.type != "cpu" or not x.is_contiguous():
-        out.copy_(x)
-        torch_dist.all_reduce(out, op=op, group=group)
-        return
     flat_out, flat_x = out.view(-1), x.view(-1)
     first = flat_out.numel() // 4
     flat_out[:first].copy_(flat_x[:first])
