@@ -4,8 +4,11 @@ Everything runs inside one ``chainrule.dist.run(fn, 2, backend="gloo")`` call, t
 SPMD function on rank 0, with a barrier before each sample; the subject and the baseline
 alternate sample by sample on the same tensors.
 
-- The wrapper ``chainrule.dist.all_reduce(t)`` (functional: it copies ``t`` and returns the
-  sum) against ``torch.distributed.all_reduce(t)`` (in place), float32, sizes 1 KB to 64 MB.
+- The wrapper against ``torch.distributed.all_reduce(t)`` (in place), float32, sizes 1 KB to
+  64 MB, in two forms: in place, ``chainrule.dist.all_reduce(t, out=t)`` (like for like with
+  the raw call), and functional, ``chainrule.dist.all_reduce(t)``, which leaves ``t`` alone and
+  returns the sum in memory of its own, so it pays one copy of ``t`` more than the raw call
+  (large results reuse memory nothing refers to, and the copy overlaps the all-reduce).
 - The differentiable all-reduce of tensor parallelism, ``y = f̄(f(x))`` with
   ``f = copy_to_ranks`` (identity forward, all-reduce backward) and ``f̄ = reduce_from_ranks``
   (all-reduce forward, identity backward) from :mod:`chainrule.duality_torch`: forward and
@@ -108,12 +111,16 @@ def _check_values(dist: Any, td: Any, torch: Any) -> bool:
     raw = x.clone()
     td.all_reduce(raw)
     wrapped = dist.all_reduce(x)
+    in_place = x.clone()
+    returned = dist.all_reduce(in_place, out=in_place)
     leaf = x.clone().requires_grad_(True)
     y = reduce_from_ranks(copy_to_ranks(leaf))
     y.backward(torch.ones_like(y))
     return bool(
         torch.equal(raw, expected)
         and torch.equal(wrapped, expected)
+        and returned is in_place
+        and torch.equal(in_place, expected)
         and torch.equal(x, torch.arange(8, dtype=torch.float32) + r)  # input left alone
         and torch.equal(y.detach(), expected)
         and torch.equal(leaf.grad, torch.full_like(x, float(P)))
@@ -145,6 +152,7 @@ def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
         candidates = {
             "raw": lambda t=t: td.all_reduce(t),
             "wrapper": lambda t=t: dist.all_reduce(t),
+            "in_place": lambda t=t: dist.all_reduce(t, out=t),
             "round_trip": round_trip,
             "reduce_from_ranks": reduce_only,
         }
@@ -179,8 +187,12 @@ def _size_rows(size: int, samples: dict[str, list[float]], agree: bool) -> list[
     label = size_label(size)
     raw = median(samples["raw"])
     subjects = [  # (row key, sample, what is measured, baseline)
-        ("all_reduce", "wrapper", f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper",
-         "raw torch.distributed.all_reduce"),
+        ("all_reduce_in_place", "in_place",
+         f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper in place (out=t)",
+         "raw torch.distributed.all_reduce (in place)"),
+        ("all_reduce", "wrapper",
+         f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper, functional (one copy more)",
+         "raw torch.distributed.all_reduce (in place)"),
         ("round_trip", "round_trip", f"f̄(f(x)) forward+backward (2 all-reduces), {label}",
          "one raw all_reduce"),
         ("reduce_from_ranks", "reduce_from_ranks",

@@ -96,7 +96,7 @@ GOALS: tuple[Goal, ...] = (
     Goal(
         "gloo",
         "wrapper all_reduce ≤ 1.05× raw, 64 KB to 64 MB",
-        _gloo_keys("all_reduce", ("64KB", "1MB", "16MB", "64MB")),
+        _gloo_keys("all_reduce_in_place", ("64KB", "1MB", "16MB", "64MB")),
         ("ratio",),
         1.05,
         checks=("agree",),

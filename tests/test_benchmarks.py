@@ -129,11 +129,16 @@ def test_gloo_rows():
     ops = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
     check_rows(
         rows,
-        ["gloo.all_reduce.1KB", "gloo.round_trip.1KB", "gloo.reduce_from_ranks.1KB"]
+        [
+            "gloo.all_reduce_in_place.1KB",
+            "gloo.all_reduce.1KB",
+            "gloo.round_trip.1KB",
+            "gloo.reduce_from_ranks.1KB",
+        ]
         + [f"gloo.busbw.{op}" for op in ops],
     )
-    assert all(row["extra"]["agree"] is True for row in rows[:3])
-    assert all(row["extra"]["busbw_gb_s"] > 0 for row in rows[3:])
+    assert all(row["extra"]["agree"] is True for row in rows[:4])
+    assert all(row["extra"]["busbw_gb_s"] > 0 for row in rows[4:])
     assert all(row["extra"]["best_ratio"] > 0 for row in rows)
     assert gloo_collectives.bus_factor("all_reduce", 2) == 1.0
     assert gloo_collectives.bus_factor("all_gather", 4) == 0.75
