@@ -942,3 +942,147 @@ def test_many_rounds_in_a_world_of_one_and_of_many():
             lambda: [float(dist.all_reduce(np.float64(dist.rank()))) for _ in range(50)], P
         )
         assert results == [[P * (P - 1) / 2] * 50] * P
+
+
+# -- large collectives: helper threads share the blocks, with the same bits -------------------
+
+
+@pytest.fixture
+def shared_work(monkeypatch):
+    """Every collective shared between two threads, in blocks of 1000 elements."""
+    monkeypatch.setattr(simulated, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(simulated, "BLOCK_ELEMENTS", 1000)
+    monkeypatch.setattr(simulated, "THREADS", 2)
+    monkeypatch.setattr(simulated, "_cores", lambda: 2)
+
+
+def run_serial_and_shared(monkeypatch, P: int, fn, xs: list, **kwargs) -> tuple[list, list]:
+    """``fn(x_r)`` on every rank, in one thread and then shared between two."""
+    monkeypatch.setattr(simulated, "THREADS", 1)
+    serial = run_per_rank(P, fn, xs, **kwargs)
+    monkeypatch.setattr(simulated, "THREADS", 2)
+    return serial, run_per_rank(P, fn, xs, **kwargs)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4])
+@pytest.mark.parametrize(("op", "dtype"), [*REDUCTIONS, ("avg", np.float16), ("max", np.int8)])
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("n", [1001, 20_000, 64_123])
+def test_shared_all_reduce_has_the_bits_of_one_thread_and_of_rank_order(
+    shared_work, monkeypatch, P, op, dtype, deterministic, n
+):
+    if dtype in (np.float32, np.float64):
+        xs = [x.astype(dtype) for x in summands(P, n)]
+    else:  # small enough not to overflow a float16; int8 sums wrap around, as in numpy
+        xs = inputs(P, (n,), dtype, seed=n)
+    serial, shared = run_serial_and_shared(
+        monkeypatch, P, lambda x: dist.all_reduce(x, op=op), xs, deterministic=deterministic
+    )
+    for r in range(P):
+        order = range(P) if deterministic or op == "max" else [(r + i) % P for i in range(P)]
+        expected = rank_order_reduce([xs[j] for j in order], op).astype(dtype)
+        assert shared[r].tobytes() == serial[r].tobytes() == expected.tobytes()
+        assert shared[r].dtype == dtype
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_shared_reduce_scatter_matches_rank_order(shared_work, monkeypatch, op, deterministic):
+    P = 3
+    xs = [x.reshape(3 * 700, 10) for x in summands(P, 3 * 7000)]
+    for axis in (0, 1):
+        xs_axis = [x if axis == 0 else x.reshape(10 * 7, 3 * 100) for x in xs]
+        serial, shared = run_serial_and_shared(
+            monkeypatch,
+            P,
+            lambda x, axis=axis: dist.reduce_scatter(x, op=op, axis=axis),
+            xs_axis,
+            deterministic=deterministic,
+        )
+        for r in range(P):
+            order = range(P) if deterministic or op == "max" else [(r + i) % P for i in range(P)]
+            chunks = [np.split(xs_axis[j], P, axis=axis)[r] for j in order]
+            expected = rank_order_reduce(chunks, op)
+            assert shared[r].tobytes() == serial[r].tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_shared_copies_match_numpy(shared_work, P):
+    xs = inputs(P, (4 * P, 300), np.float32, seed=P)
+    for axis in (0, 1, -1):
+        for result in run_per_rank(P, lambda x, axis=axis: dist.all_gather(x, axis=axis), xs):
+            assert_same(result, np.concatenate(xs, axis=axis))
+    for split_axis, concat_axis in [(0, 0), (0, 1), (1, 0)]:
+        xs_ = [x[:, : 100 * P] for x in xs] if split_axis == 1 else xs
+        results = run_per_rank(
+            P, lambda x, s=split_axis, c=concat_axis: dist.all_to_all(x, s, c), xs_
+        )
+        for r, result in enumerate(results):
+            chunks = [np.split(x, P, axis=split_axis)[r] for x in xs_]
+            assert_same(result, np.concatenate(chunks, axis=concat_axis))
+    for result in run_per_rank(P, lambda x: dist.broadcast(x, src=P - 1), xs):
+        assert_same(result, xs[P - 1])
+    results = run_per_rank(P, lambda x: dist.scatter(x, src=0, axis=0), xs)
+    for r, result in enumerate(results):
+        assert_same(result, np.split(xs[0], P, axis=0)[r])
+
+
+def test_work_runs_tasks_in_two_threads_at_once_in_the_callers_context():
+    import contextvars
+
+    var = contextvars.ContextVar("var", default="unset")
+    var.set("the caller's")
+    both = threading.Barrier(2, timeout=5)  # passes only if two threads run tasks at once
+    seen: list[tuple[str, str]] = []
+
+    def task():
+        both.wait()
+        seen.append((threading.current_thread().name, var.get()))
+
+    work = simulated._Work(np.empty, threads=2)
+    try:
+        work.run([task, task], nbytes=simulated.PARALLEL_MIN_BYTES)
+        assert sorted(name for name, _ in seen)[0] == "MainThread"
+        assert len({name for name, _ in seen}) == 2
+        assert {value for _, value in seen} == {"the caller's"}
+        names: list[str] = []
+        work.run([lambda: names.append(threading.current_thread().name)], nbytes=1 << 40)
+        assert names == ["MainThread"]  # one task: in the calling thread
+        work.run([lambda: names.append(threading.current_thread().name)] * 2, nbytes=1)
+        assert names == ["MainThread"] * 3  # too little work to share
+    finally:
+        work.close()
+    assert rank_threads() == []
+
+
+def test_an_error_in_a_helper_thread_reaches_the_caller():
+    work = simulated._Work(np.empty, threads=2)
+    started = threading.Event()
+
+    def wait_then_fail():  # the calling thread takes the first task, the helper this one
+        started.set()
+        raise FloatingPointError("overflow in a block")
+
+    def first():
+        assert started.wait(5)
+
+    try:
+        with pytest.raises(FloatingPointError, match="overflow in a block"):
+            work.run([first, wait_then_fail], nbytes=1 << 40)
+        done: list[int] = []
+        work.run([lambda: done.append(1)] * 4, nbytes=1 << 40)  # the helper still serves
+        assert done == [1] * 4
+    finally:
+        work.close()
+
+
+def test_the_helper_threads_end_with_the_run(shared_work):
+    names = dist.run(
+        lambda: (
+            dist.all_reduce(np.ones(5000)),
+            sorted(t.name for t in rank_threads()),
+        )[1],
+        2,
+    )
+    assert names[0] == ["chainrule-sim-helper-0", "chainrule-sim-watchdog"]
+    assert rank_threads() == []

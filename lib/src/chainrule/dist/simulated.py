@@ -22,6 +22,11 @@ that start equal stay equal. With ``deterministic=False`` rank r reduces in its 
 order ``x_r ⊕ x_{r+1} ⊕ ... ⊕ x_{r−1}``. Floating-point addition is not associative, so for
 P ≥ 3 the ranks' sums differ in the last bits, and replicas drift apart over many steps.
 
+Large collectives (from :data:`PARALLEL_MIN_BYTES` moved) are cut into blocks that the calling
+thread and a helper thread take in turn (numpy releases the GIL while it adds and copies, and
+one core alone cannot use all of the memory bandwidth). A block is computed the same way
+whichever thread takes it, so the results are the same bits as in one thread.
+
 Failures end the run quickly and name the ranks: collectives that differ between ranks,
 mismatched shapes or dtypes, a rank that returned while others wait for it (detected as soon
 as no rank can go on), a rank that runs its own code for more than ``timeout`` seconds
@@ -36,6 +41,9 @@ from __future__ import annotations
 
 import contextvars
 import ctypes
+import functools
+import os
+import queue
 import sys
 import threading
 import time
@@ -64,6 +72,13 @@ also how late an interruption may take effect before the error says so."""
 BLOCK_ELEMENTS = 32768
 """Elements per block of a reduction: the partial result of a block stays in the L2 cache
 while every rank's block is added to it and it is copied out to every rank."""
+
+THREADS = 2
+"""Threads, the calling one included, that share the work of a large collective (at most one
+per core): one core alone cannot use all of the memory bandwidth."""
+
+PARALLEL_MIN_BYTES = 1 << 22
+"""Bytes a collective must read and write before helper threads share its work."""
 
 
 _AVG, _MAX = ReduceOp.AVG, ReduceOp.MAX  # (an enum member's lookup costs a function call)
@@ -174,7 +189,7 @@ class _Run:
         self.timeout = world.timeout
         self.deterministic = world.deterministic
         self.trace = trace
-        self.buffers = buffers
+        self.work = _Work(buffers.empty, min(THREADS, _cores()))
         self.seq = 0  # the collective the ranks meet in now
         self.calls: list[_Call | None] = [None] * P
         self.source_restore: Restore = _RESTORE_ARRAY  # of the last broadcast or scatter
@@ -214,6 +229,7 @@ class _Run:
             self._kill()
             raise
         finally:
+            self.work.close()
             if self.watchdog is not None:
                 self.watchdog.stop()
             torch = sys.modules.get("torch")
@@ -415,7 +431,7 @@ class _Run:
         self.arrived = 0
         try:
             results, self.source_restore, event = _compute(
-                calls, seq, self.deterministic, self.trace is not None, self.buffers.empty
+                calls, seq, self.deterministic, self.trace is not None, self.work
             )
         except CollectiveError as exc:
             self._fail(str(exc))
@@ -624,7 +640,7 @@ class _SimRank:
 
 
 def _compute(
-    calls: list[_Call], seq: int, deterministic: bool, tracing: bool, empty: Empty
+    calls: list[_Call], seq: int, deterministic: bool, tracing: bool, work: _Work
 ) -> tuple[Out, Restore, CollectiveEvent | None]:
     """Check that the P calls of collective ``seq`` agree; every rank's result, the restorer
     of the source's type (broadcast, scatter) and the trace event.
@@ -649,7 +665,7 @@ def _compute(
         restore = calls[src][2]
     else:
         restore = _RESTORE_ARRAY
-    results = _COMPUTE[op](arrays, kwargs, deterministic, empty)
+    results = _COMPUTE[op](arrays, kwargs, deterministic, work)
     event = _event(op, seq, arrays, kwargs) if tracing else None
     return results, restore, event
 
@@ -759,30 +775,140 @@ def _check_like_source(arrays: list[np.ndarray | None], src: int, name: _Name) -
             )
 
 
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _ring_order(rank: int, world_size: int) -> list[int]:
     return [(rank + i) % world_size for i in range(world_size)]
 
 
-def _reduce(sources: Sequence[np.ndarray], op: ReduceOp, outs: Sequence[np.ndarray]) -> None:
-    """``outs[0] = sources[0] ⊕ sources[1] ⊕ ...`` (left to right), copied into ``outs[1:]``.
+Task = Callable[[], None]
+"""A piece of a collective's work that writes to memory no other piece touches."""
 
-    Works block by block on contiguous data, so each block of the partial result stays in
-    cache while the next rank's block is added and while it is copied out: one pass over the
-    inputs and one over the outputs, no temporary array.
+
+class _Work:
+    """What computing a collective may use: the array pool and the helper threads.
+
+    ``empty`` allocates a result array (:meth:`chainrule.dist.buffers.ArrayPool.empty`).
+    :meth:`run` calls a list of tasks, sharing them between the calling thread and
+    ``threads − 1`` helper threads when they move at least :data:`PARALLEL_MIN_BYTES`: numpy
+    releases the GIL inside its loops and copies, and one core alone cannot use all of the
+    memory bandwidth. Each thread takes the next task as soon as it is done with its last,
+    so a thread that shares its core with other work takes fewer. A task computes the same
+    bits whichever thread runs it, so results do not depend on the threads. The helpers
+    start when a run first needs them and end with the run (:meth:`close`).
+    """
+
+    def __init__(self, empty: Empty, threads: int) -> None:
+        self.empty = empty
+        self.threads = threads
+        self._helpers: list[threading.Thread] = []
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def shares(self, nbytes: int) -> bool:
+        """Whether helper threads share work that reads and writes ``nbytes`` bytes."""
+        return self.threads > 1 and nbytes >= PARALLEL_MIN_BYTES
+
+    def run(self, tasks: list[Task], nbytes: int) -> None:
+        """Call every task once; ``nbytes``: about how many bytes they read and write."""
+        if len(tasks) < 2 or not self.shares(nbytes):
+            for task in tasks:
+                task()
+            return
+        if not self._helpers:
+            self._start()
+        pending = iter(tasks)
+        lock = threading.Lock()
+        stopped: list[bool] = []  # set when the calling thread fails: the helpers stop too
+
+        def work() -> None:
+            while not stopped:
+                with lock:
+                    task = next(pending, None)
+                if task is None:
+                    return
+                task()
+
+        for _ in self._helpers:  # each in a copy of this rank's context (numpy's errstate)
+            self._inbox.put((contextvars.copy_context(), work))
+        try:
+            work()
+        finally:
+            stopped.append(True)
+            failures = [self._done.get() for _ in self._helpers]
+        for failure in failures:
+            if failure is not None:
+                raise failure
+
+    def _start(self) -> None:
+        for i in range(self.threads - 1):
+            thread = threading.Thread(target=self._serve, name=f"chainrule-sim-helper-{i}")
+            thread.daemon = True
+            thread.start()
+            self._helpers.append(thread)
+
+    def _serve(self) -> None:
+        while (item := self._inbox.get()) is not None:
+            context, work = item
+            try:
+                context.run(work)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+                self._done.put(exc)
+            else:
+                self._done.put(None)
+
+    def close(self) -> None:
+        """End the helper threads."""
+        for _ in self._helpers:
+            self._inbox.put(None)
+        for thread in self._helpers:
+            thread.join()
+        self._helpers.clear()
+
+
+def _reduce_tasks(
+    sources: Sequence[np.ndarray], op: ReduceOp, outs: Sequence[np.ndarray]
+) -> list[Task]:
+    """Tasks that compute ``outs[0] = sources[0] ⊕ sources[1] ⊕ ...`` (left to right) and
+    copy it into ``outs[1:]``.
+
+    On contiguous data one task per block of :data:`BLOCK_ELEMENTS` elements: the block of
+    the partial result stays in cache while the next rank's block is added and while it is
+    copied out, so the work is one pass over the inputs and one over the outputs with no
+    temporary array. Every element is reduced in the same order, whatever the blocks.
     """
     ufunc = _ufunc(op)
-    first = outs[0]
     scale = len(sources) if op is _AVG else None
-    if first.size > BLOCK_ELEMENTS and all(a.flags.c_contiguous for a in sources):
+    size = outs[0].size
+    if size > BLOCK_ELEMENTS and all(a.flags.c_contiguous for a in sources):
         flat_sources = [a.reshape(-1) for a in sources]
         flat_outs = [o.reshape(-1) for o in outs]
-        for start in range(0, first.size, BLOCK_ELEMENTS):
-            block = slice(start, start + BLOCK_ELEMENTS)
-            _reduce_block(
-                [s[block] for s in flat_sources], ufunc, scale, [o[block] for o in flat_outs]
+        return [
+            functools.partial(
+                _reduce_range, flat_sources, ufunc, scale, flat_outs, start, start + BLOCK_ELEMENTS
             )
-    else:
-        _reduce_block(sources, ufunc, scale, outs)
+            for start in range(0, size, BLOCK_ELEMENTS)
+        ]
+    return [functools.partial(_reduce_block, sources, ufunc, scale, outs)]
+
+
+def _reduce_range(
+    sources: Sequence[np.ndarray],
+    ufunc: np.ufunc,
+    scale: int | None,
+    outs: Sequence[np.ndarray],
+    start: int,
+    stop: int,
+) -> None:
+    """:func:`_reduce_block` of the elements ``start:stop`` of flat arrays."""
+    block = slice(start, stop)
+    _reduce_block([s[block] for s in sources], ufunc, scale, [o[block] for o in outs])
 
 
 def _reduce_block(
@@ -801,6 +927,15 @@ def _reduce_block(
         np.copyto(other, out)
 
 
+def _copy_tasks(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Task]:
+    """Tasks that copy each ``source`` into its ``destination`` (pairs of the same shape)."""
+    return [functools.partial(np.copyto, destination, source) for destination, source in pairs]
+
+
+def _nbytes(arrays: Sequence[np.ndarray]) -> int:
+    return sum(a.nbytes for a in arrays)
+
+
 Empty = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 """Allocates a result array (:meth:`chainrule.dist.buffers.ArrayPool.empty`)."""
 
@@ -808,16 +943,14 @@ Out = list[Any]
 """What a collective computes: every rank's result."""
 
 
-def _copies(source: np.ndarray, count: int, empty: Empty) -> list[np.ndarray]:
-    outs = []
-    for _ in range(count):
-        out = empty(source.shape, source.dtype)
-        np.copyto(out, source)
-        outs.append(out)
+def _copies(source: np.ndarray, count: int, work: _Work) -> list[np.ndarray]:
+    """``count`` copies of ``source``."""
+    outs = [work.empty(source.shape, source.dtype) for _ in range(count)]
+    work.run(_copy_tasks([(out, source) for out in outs]), 2 * _nbytes(outs))
     return outs
 
 
-def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, work: _Work) -> Out:
     op: ReduceOp = kwargs["op"]
     P = len(arrays)
     a0 = arrays[0]
@@ -830,14 +963,17 @@ def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, emp
         if op is _AVG:
             np.divide(total, P, out=total)
         return [total] + [total.copy() for _ in range(P - 1)]
-    if a0.nbytes < MIN_POOLED_BYTES:
-        empty = np.empty  # the pool keeps large arrays only
+    empty = work.empty if a0.nbytes >= MIN_POOLED_BYTES else np.empty  # the pool: large only
     outs = [empty(a0.shape, a0.dtype) for _ in range(P)]
     if same_order:
-        _reduce(arrays, op, outs)
-        return outs
-    for r in range(P):  # rank r sums in its ring order r, r+1, ..., r−1
-        _reduce([arrays[j] for j in _ring_order(r, P)], op, outs[r : r + 1])
+        tasks = _reduce_tasks(arrays, op, outs)
+    else:  # rank r sums in its ring order r, r+1, ..., r−1
+        tasks = [
+            task
+            for r in range(P)
+            for task in _reduce_tasks([arrays[j] for j in _ring_order(r, P)], op, [outs[r]])
+        ]
+    work.run(tasks, _nbytes(arrays) + _nbytes(outs))
     return outs
 
 
@@ -846,57 +982,79 @@ def _chunks(array: np.ndarray, parts: int, axis: int) -> list[np.ndarray]:
 
 
 def _reduce_scatter(
-    arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty
+    arrays: list[np.ndarray], kwargs: dict, deterministic: bool, work: _Work
 ) -> Out:
     op: ReduceOp = kwargs["op"]
     P = len(arrays)
     chunked = [_chunks(a, P, kwargs["axis"]) for a in arrays]
-    outs = []
+    outs, tasks = [], []
     for r in range(P):
         order = range(P) if deterministic else _ring_order(r, P)
         sources = [chunked[j][r] for j in order]
-        out = empty(sources[0].shape, arrays[0].dtype)
-        _reduce(sources, op, [out])
+        out = work.empty(sources[0].shape, arrays[0].dtype)
+        tasks += _reduce_tasks(sources, op, [out])
         outs.append(out)
+    work.run(tasks, _nbytes(arrays) + _nbytes(outs))
     return outs
 
 
-def _all_gather(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+def _all_gather(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, work: _Work) -> Out:
+    """One concatenation copied P − 1 times; or, shared between threads, P² independent
+    copies of the inputs into the parts of the results."""
+    P = len(arrays)
     axis = kwargs["axis"]
     shape = list(arrays[0].shape)
-    shape[axis] *= len(arrays)
-    gathered = np.concatenate(arrays, axis=axis, out=empty(tuple(shape), arrays[0].dtype))
-    return [gathered, *_copies(gathered, len(arrays) - 1, empty)]
+    shape[axis] *= P
+    outs = [work.empty(tuple(shape), arrays[0].dtype) for _ in range(P)]
+    nbytes = 2 * _nbytes(outs)
+    if not work.shares(nbytes):
+        gathered = np.concatenate(arrays, axis=axis, out=outs[0])
+        for out in outs[1:]:
+            np.copyto(out, gathered)
+        return outs
+    pairs = [
+        (part, a) for out in outs for part, a in zip(_chunks(out, P, axis), arrays, strict=True)
+    ]
+    work.run(_copy_tasks(pairs), nbytes)
+    return outs
 
 
-def _all_to_all(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+def _all_to_all(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, work: _Work) -> Out:
+    """Rank r's result is chunk r of every input, concatenated (shared between threads: P²
+    independent copies of S/P)."""
     P = len(arrays)
     concat_axis = kwargs["concat_axis"]
     chunked = [_chunks(a, P, kwargs["split_axis"]) for a in arrays]
     shape = list(chunked[0][0].shape)
     shape[concat_axis] *= P
-    outs = [
-        np.concatenate(
-            [chunked[j][r] for j in range(P)],
-            axis=concat_axis,
-            out=empty(tuple(shape), arrays[0].dtype),
-        )
-        for r in range(P)
+    outs = [work.empty(tuple(shape), arrays[0].dtype) for _ in range(P)]
+    nbytes = 2 * _nbytes(outs)
+    if not work.shares(nbytes):
+        for r, out in enumerate(outs):
+            np.concatenate([chunked[j][r] for j in range(P)], axis=concat_axis, out=out)
+        return outs
+    pairs = [
+        (part, chunked[j][r])
+        for r, out in enumerate(outs)
+        for j, part in enumerate(_chunks(out, P, concat_axis))
     ]
+    work.run(_copy_tasks(pairs), nbytes)
     return outs
 
 
-def _barrier(arrays: list[None], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+def _barrier(arrays: list[None], kwargs: dict, deterministic: bool, work: _Work) -> Out:
     return [None] * len(arrays)
 
 
-def _broadcast(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
-    return _copies(arrays[kwargs["src"]], len(arrays), empty)
+def _broadcast(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, work: _Work) -> Out:
+    return _copies(arrays[kwargs["src"]], len(arrays), work)
 
 
-def _scatter(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, empty: Empty) -> Out:
+def _scatter(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, work: _Work) -> Out:
     chunks = _chunks(arrays[kwargs["src"]], len(arrays), kwargs["axis"])
-    return [_copies(chunk, 1, empty)[0] for chunk in chunks]
+    outs = [work.empty(chunk.shape, chunk.dtype) for chunk in chunks]
+    work.run(_copy_tasks(list(zip(outs, chunks, strict=True))), 2 * _nbytes(outs))
+    return outs
 
 
 _COMPUTE: dict[str, Callable[..., Out]] = {
