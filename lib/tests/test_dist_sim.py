@@ -1086,3 +1086,19 @@ def test_the_helper_threads_end_with_the_run(shared_work):
     )
     assert names[0] == ["chainrule-sim-helper-0", "chainrule-sim-watchdog"]
     assert rank_threads() == []
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "transposed", "strided"])
+def test_every_rank_gets_a_c_ordered_all_reduce_of_any_layout(layout):
+    P = 3
+    xs = inputs(P, (6, 4), np.float64, seed=3)
+    xs = {
+        "C": xs,
+        "F": [np.asfortranarray(x) for x in xs],
+        "transposed": [x.T for x in xs],
+        "strided": [x[::2] for x in xs],
+    }[layout]
+    expected = rank_order_reduce(xs, "sum")
+    for result in run_per_rank(P, dist.all_reduce, xs):
+        assert result.flags.c_contiguous and result.flags.owndata
+        assert_same(result, expected)

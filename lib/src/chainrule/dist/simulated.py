@@ -651,13 +651,13 @@ def _compute(
     broadcast or scatter) or raises a message that names the ranks.
     """
     key = calls[0][0]
+    arrays = []
+    differ = False
     for call in calls:
         if call[0] != key:
-            op, params = _agreed(calls, seq)
-            break
-    else:
-        op, params = key[0], key[1]
-    arrays = [call[1] for call in calls]
+            differ = True
+        arrays.append(call[1])
+    op, params = _agreed(calls, seq) if differ else (key[0], key[1])
     kwargs = dict(params)
     if op == "broadcast" or op == "scatter":
         src = kwargs["src"]
@@ -957,8 +957,11 @@ def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, wor
     same_order = deterministic or P <= 2 or op is _MAX  # order matters for P ≥ 3 sums
     if same_order and a0.size <= BLOCK_ELEMENTS:  # small: one result, then plain copies
         ufunc = np.maximum if op is _MAX else np.add
-        total = a0.copy()  # (a ufunc of 0-d arrays without out= returns a scalar)
-        for a in arrays[1:]:
+        if P > 1 and a0.ndim:  # a C-ordered result, as every rank's copy
+            total, rest = ufunc(a0, arrays[1], order="C"), arrays[2:]
+        else:  # (a ufunc of 0-d arrays returns a scalar: start from a copy)
+            total, rest = a0.copy(), arrays[1:]
+        for a in rest:
             ufunc(total, a, out=total)
         if op is _AVG:
             np.divide(total, P, out=total)
