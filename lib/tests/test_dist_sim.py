@@ -1102,3 +1102,98 @@ def test_every_rank_gets_a_c_ordered_all_reduce_of_any_layout(layout):
     for result in run_per_rank(P, dist.all_reduce, xs):
         assert result.flags.c_contiguous and result.flags.owndata
         assert_same(result, expected)
+
+
+# -- all_reduce into out ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [6, 300_000])  # a small all_reduce, and a blocked one
+def test_all_reduce_writes_into_out_which_may_be_the_input(n):
+    def fn():
+        r = dist.rank()
+        x = np.arange(n, dtype=np.float64) + r
+        same = x.copy()
+        returned = dist.all_reduce(same, out=same)
+        other = np.empty_like(x)
+        kept = x.copy()
+        into_other = dist.all_reduce(x, op="avg", out=other)
+        strided = np.zeros(2 * n)[::2]
+        dist.all_reduce(x, op="max", out=strided)
+        tensor = Tensor(np.full(3, r + 1.0))
+        into_tensor = dist.all_reduce(tensor, out=tensor)
+        return {
+            "in place": (returned is same, same[:3].tolist(), same[-1]),
+            "into other": (into_other is other, other[:3].tolist(), other[-1]),
+            "input kept": np.array_equal(x, kept),
+            "strided": (strided[:3].tolist(), strided[-1]),
+            "tensor": (into_tensor is tensor, tensor.data.tolist()),
+        }
+
+    last = 2.0 * (n - 1) + 1  # (n − 1 + 0) + (n − 1 + 1)
+    for got in dist.run(fn, 2):
+        assert got["in place"] == (True, [1.0, 3.0, 5.0], last)
+        assert got["into other"] == (True, [0.5, 1.5, 2.5], last / 2)
+        assert got["input kept"]
+        assert got["strided"] == ([1.0, 2.0, 3.0], float(n))
+        assert got["tensor"] == (True, [3.0, 3.0, 3.0])
+
+
+def test_all_reduce_into_out_is_exact_and_traced_like_the_functional_call():
+    P = 3
+    xs = summands(P, 5000)
+    trace = dist.Trace()
+
+    def fn(x):
+        functional = dist.all_reduce(x)
+        dist.all_reduce(x, out=x)
+        return functional, x
+
+    for functional, in_place in run_per_rank(P, fn, [x.copy() for x in xs], trace=trace):
+        assert functional.tobytes() == in_place.tobytes() == rank_order_reduce(xs, "sum").tobytes()
+    assert [(e.op, e.shapes, e.kwargs) for e in trace] == [
+        ("all_reduce", ((5000,),) * P, {"op": dist.ReduceOp.SUM})
+    ] * 2
+
+
+def test_all_reduce_into_a_torch_tensor():
+    torch = pytest.importorskip("torch")
+
+    def fn():
+        x = torch.arange(4, dtype=torch.float32) + dist.rank()
+        out = torch.empty(4, dtype=torch.float32)
+        half = torch.zeros(4, dtype=torch.bfloat16)
+        returned = dist.all_reduce(x, out=out)
+        dist.all_reduce(half + 1, out=half)
+        return returned is out, out.tolist(), half.dtype, half.tolist()
+
+    for same, values, dtype, halves in dist.run(fn, 2):
+        assert same and values == [1.0, 3.0, 5.0, 7.0]
+        assert dtype == torch.bfloat16 and halves == [2.0] * 4
+
+
+def test_all_reduce_into_out_checks_out():
+    torch = pytest.importorskip("torch")
+
+    def fn():
+        x = np.ones(4, dtype=np.float32)
+        errors = []
+        for out in (np.ones(5, np.float32), torch.ones(4, dtype=torch.float64), "no"):
+            try:
+                dist.all_reduce(x, out=out)
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc))
+        read_only = np.ones(4)
+        read_only.flags.writeable = False
+        try:
+            dist.all_reduce(read_only, out=read_only)
+        except ValueError as exc:
+            errors.append(str(exc))
+        dist.barrier()
+        return errors
+
+    errors = dist.run(fn, 2)[0]
+    assert len(errors) == 4
+    assert "out has shape (5,) float32 but x has (4,) float32" in errors[0]
+    assert "float64" in errors[1]
+    assert "not str" in errors[2]
+    assert "read-only" in errors[3]

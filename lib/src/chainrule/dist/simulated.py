@@ -576,7 +576,10 @@ class _SimRank:
     def world_size(self) -> int:
         return self.world.world_size
 
-    def all_reduce(self, x: Any, op: ReduceOp) -> Any:
+    def all_reduce(self, x: Any, op: ReduceOp, out: Any = None) -> Any:
+        """⊕_r x_r as a new value of x's type, or written into ``out`` (which may be x)."""
+        if out is not None:
+            return self._all_reduce_into(x, op, out)
         if type(x) is np.ndarray and x.dtype.kind == "f":  # the common case: nothing to convert
             return self.world.collective(self._rank, "all_reduce", (("op", op),), x, _RESTORE_ARRAY)
         array, restore = api.to_numpy(x)
@@ -584,6 +587,15 @@ class _SimRank:
         return restore(
             self.world.collective(self._rank, "all_reduce", (("op", op),), array, restore)
         )
+
+    def _all_reduce_into(self, x: Any, op: ReduceOp, out: Any) -> Any:
+        """Write ⊕_r x_r into ``out`` (x's shape and dtype) and return ``out``. Every rank's
+        input is read before any rank writes, so ``out`` may be x itself."""
+        array, _ = api.to_numpy(x)
+        write = _writer(out, x, array)
+        api.check_reducible(array, op)
+        write(self.world.collective(self._rank, "all_reduce", (("op", op),), array, _RESTORE_ARRAY))
+        return out
 
     def all_gather(self, x: Any, axis: int) -> Any:
         array, restore = api.to_numpy(x)
@@ -634,6 +646,43 @@ class _SimRank:
 
     def barrier(self) -> None:
         self.world.collective(self._rank, "barrier", (), None, _RESTORE_ARRAY)
+
+
+def _dtype_name(value: Any) -> str:
+    """'float32' for a numpy array, a chainrule Tensor or a torch tensor."""
+    dtype = value.dtype
+    return dtype.name if isinstance(dtype, np.dtype) else str(dtype).removeprefix("torch.")
+
+
+def _writer(out: Any, x: Any, array: np.ndarray) -> Callable[[np.ndarray], None]:
+    """The step that writes an all_reduce result into ``out``, once ``out`` is checked: a
+    writable numpy array, chainrule Tensor or torch tensor of the same shape and dtype as
+    ``x`` (whose values are ``array``)."""
+    if isinstance(out, np.ndarray) or api.is_chainrule_tensor(out):
+        target = out.data if api.is_chainrule_tensor(out) else out
+        if not target.flags.writeable:
+            raise ValueError("all_reduce: out is a read-only array")
+        write: Callable[[np.ndarray], Any] = functools.partial(np.copyto, target)
+    elif api.is_torch_tensor(out):
+        target = out.detach()
+        from_numpy = sys.modules["torch"].from_numpy
+
+        def write(result: np.ndarray) -> None:
+            target.copy_(from_numpy(result))  # (to out's device and dtype)
+
+    else:
+        raise TypeError(
+            "all_reduce: out must be a numpy array, a chainrule Tensor or a torch tensor, "
+            f"not {type(out).__name__}"
+        )
+    source = x.data if api.is_chainrule_tensor(x) else x if hasattr(x, "dtype") else array
+    shape, like = tuple(target.shape), tuple(array.shape)
+    if shape != like or _dtype_name(target) != _dtype_name(source):
+        raise ValueError(
+            f"all_reduce: out has shape {shape} {_dtype_name(target)} but x has {like} "
+            f"{_dtype_name(source)}; out must be like x"
+        )
+    return write
 
 
 # -- checking the calls and computing the results ---------------------------------------------
