@@ -115,6 +115,9 @@ class TorchRank:
 
     ``device``: where tensors are sent from (``cpu`` for gloo, ``cuda:<local rank>`` for NCCL).
     ``events``: when a list, every collective appends (op, shape, dtype, nbytes, kwargs).
+
+    ``all_reduce(x, op)`` leaves x alone: it copies x into memory of its own (large CPU results
+    from :data:`tensor_pool`) and reduces that; ``all_reduce(x, op, out=x)`` reduces x in place.
     """
 
     def __init__(self, backend: str, device: Any, group: Any = None) -> None:
@@ -164,7 +167,7 @@ class TorchRank:
             return t, back, _KIND_TORCH
         array, restore = api.to_numpy(x)
         kind = _KIND_TENSOR if api.is_chainrule_tensor(x) else _KIND_NUMPY
-        if fresh and self.device.type == "cpu" and array.dtype.kind in "biufc":
+        if fresh and array.nbytes >= MIN_POOLED_BYTES and self.device.type == "cpu":
             t = tensor_pool.empty(array.shape, _torch_dtype(array.dtype))
             np.copyto(t.numpy(), array, casting="no")
             return t, _numpy_back(restore), kind
@@ -272,7 +275,7 @@ class TorchRank:
             self._dist.all_reduce(t, op=self._ops[op], group=self.group)
 
     def _all_reduce_copy(self, out: Any, x: Any, op: ReduceOp) -> None:
-        """out ← ⊕_r x_r for a contiguous ``out`` that does not overlap ``x``."""
+        """out ← ⊕_r x_r for a contiguous ``out`` (see :func:`all_reduce_copy`)."""
         native = op is not ReduceOp.AVG or self._native_avg
         reduce_op = self._ops[op if native else ReduceOp.SUM]
         all_reduce_copy(self._dist, out, x, reduce_op, self.group)
