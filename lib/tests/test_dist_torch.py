@@ -203,8 +203,9 @@ def all_reduce_into_out() -> dict:
     return results
 
 
-def test_all_reduce_writes_into_out_which_may_be_the_input():
-    for results in dist.run(all_reduce_into_out, 2, backend="gloo"):
+@pytest.mark.parametrize("backend", ["gloo", "sim"])
+def test_all_reduce_writes_into_out_which_may_be_the_input(backend):
+    for results in dist.run(all_reduce_into_out, 2, backend=backend):
         for n, got in results.items():
             last = 2.0 * (n - 1) + 1  # (n − 1 + 0) + (n − 1 + 1)
             assert got["in place"] == (True, [1.0, 3.0, 5.0, 7.0], last)
@@ -217,7 +218,8 @@ def test_all_reduce_writes_into_out_which_may_be_the_input():
             assert got["functional"] == [last - 2, last]
 
 
-def test_all_reduce_into_out_checks_out():
+@pytest.mark.parametrize("backend", ["gloo", "sim"])
+def test_all_reduce_into_out_checks_out(backend):
     def fn():
         x = torch.ones(4)
         errors = []
@@ -235,7 +237,7 @@ def test_all_reduce_into_out_checks_out():
         dist.barrier()
         return errors
 
-    errors = dist.run(fn, 2, backend="gloo")[0]
+    errors = dist.run(fn, 2, backend=backend)[0]
     assert len(errors) == 4
     assert "out has shape (5,) float32 but x has (4,) float32" in errors[0]
     assert "float64" in errors[1]
