@@ -18,7 +18,7 @@ from greenlet import greenlet
 
 WORLD_SIZES = range(1, 9)
 DTYPES = [np.float32, np.float64, np.int64]
-LARGE_BYTES = 1 << 21  # reduced block by block (simulated.BLOCK_ELEMENTS), from the pool
+LARGE_BYTES = 1 << 21  # reduced block by block (simulated.BLOCK_BYTES), from the pool
 REDUCTIONS = [  # AVG of integers is rejected (test_avg_of_integers_is_rejected)
     (op, dtype)
     for op in ("sum", "avg", "max")
@@ -949,9 +949,9 @@ def test_many_rounds_in_a_world_of_one_and_of_many():
 
 @pytest.fixture
 def shared_work(monkeypatch):
-    """Every collective shared between two threads, in blocks of 1000 elements."""
+    """Every collective shared between two threads, in blocks of 8000 bytes."""
     monkeypatch.setattr(simulated, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(simulated, "BLOCK_ELEMENTS", 1000)
+    monkeypatch.setattr(simulated, "BLOCK_BYTES", 8000)
     monkeypatch.setattr(simulated, "THREADS", 2)
     monkeypatch.setattr(simulated, "_cores", lambda: 2)
 
