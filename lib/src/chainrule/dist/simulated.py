@@ -1019,7 +1019,10 @@ def _all_reduce(arrays: list[np.ndarray], kwargs: dict, deterministic: bool, wor
             ufunc(total, a, out=total)
         if op is _AVG:
             np.divide(total, P, out=total)
-        return [total] + [total.copy() for _ in range(P - 1)]
+        results = [total]
+        for _ in range(1, P):
+            results.append(total.copy())
+        return results
     empty = work.empty if a0.nbytes >= MIN_POOLED_BYTES else np.empty  # the pool: large only
     outs = [empty(a0.shape, a0.dtype) for _ in range(P)]
     if same_order:
