@@ -272,9 +272,11 @@ def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> An
     works in place like ``torch.distributed.all_reduce``) and return ``out``.
     """
     backend = current_backend()
+    if type(op) is not ReduceOp:  # (a name; checking here saves a call per collective)
+        op = ReduceOp.coerce(op)
     if out is None:
-        return backend.all_reduce(x, ReduceOp.coerce(op))
-    return backend.all_reduce(x, ReduceOp.coerce(op), out=out)
+        return backend.all_reduce(x, op)
+    return backend.all_reduce(x, op, out=out)
 
 
 def all_gather(x: Any, axis: int = 0) -> Any:
