@@ -7,6 +7,7 @@ the same P=2 (and P=4) pool; the failure tests that must stop a pool come last.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -390,14 +391,39 @@ def test_repeated_calls_reuse_the_pool_and_are_fast():
     assert np.median(times) < 0.05, f"median {np.median(times) * 1e3:.1f} ms per call"
 
 
-def test_gloo_ranks_share_one_started_process_that_forks_the_others():
+def test_gloo_ranks_are_forked_from_a_caller_that_imported_torch():
     dist.run(dist.rank, 2, backend="gloo")
     pool = torch_backend._pools[("gloo", 2)]
-    assert len(pool.procs) == 1
-    assert pool.pids[0] == pool.procs[0].pid
-    forked = psutil.Process(pool.pids[1])
-    assert forked.ppid() == pool.pids[0]
+    assert pool.hosts == [[0], [1]]
+    assert [p.pid for p in pool.procs] == pool.pids
+    assert {p.pid for p in psutil.Process().children()} >= set(pool.pids)
+    assert all(os.getsid(pid) == pid != os.getsid(0) for pid in pool.pids)  # own sessions
     assert dist.run(os.getpid, 2, backend="gloo") == pool.pids
+
+
+@pytest.mark.slow
+def test_without_torch_in_the_caller_one_interpreter_imports_it_and_forks_the_rest(tmp_path):
+    script = (
+        "import json, os, sys\n"
+        "import psutil\n"
+        "from chainrule import dist\n"
+        "from chainrule.dist import torch_backend\n"
+        "assert dist.run(os.getpid, 2, backend='gloo') == torch_backend._pools[('gloo', 2)].pids\n"
+        "pool = torch_backend._pools[('gloo', 2)]\n"
+        "print(json.dumps({'hosts': pool.hosts, 'pids': pool.pids,\n"
+        "    'started': [p.pid for p in pool.procs],\n"
+        "    'parent_of_rank_1': psutil.Process(pool.pids[1]).ppid(),\n"
+        "    'torch_here': 'torch' in sys.modules}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    pool = json.loads(done.stdout.splitlines()[-1])
+    assert pool["hosts"] == [[0, 1]]
+    assert pool["started"] == pool["pids"][:1]
+    assert pool["parent_of_rank_1"] == pool["pids"][0]
+    assert not pool["torch_here"]
 
 
 def test_an_exception_on_every_rank_keeps_the_pool():
@@ -468,7 +494,7 @@ def test_a_rank_whose_process_dies_is_reported_and_the_next_call_restarts(dying)
     old = list(torch_backend._pools[("gloo", 2)].pids)
     with pytest.raises(dist.CollectiveError) as info:
         dist.run(fn, 2, backend="gloo", timeout=20)
-    died = "rank 0 (exit code 3)" if dying == 0 else "rank 1 died"
+    died = f"rank {dying} (exit code 3)"  # each rank forked from this process: its own code
     assert f"the gloo worker process of {died}" in str(info.value)
     assert ("gloo", 2) not in torch_backend._pools
     assert not {p.pid for p in children() if p.status() != psutil.STATUS_ZOMBIE} & set(old)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib.util
 import io
 import json
@@ -830,56 +831,89 @@ _BOOTSTRAP = (  # a worker's program: the parent's import path, then worker_main
 
 
 FORKED_BACKENDS = frozenset({"gloo"})
-"""Backends whose ranks share one ``import torch``: one process imports it and forks the others.
-NCCL keeps one freshly started process per rank, so that each initialises CUDA on its own."""
+"""Backends whose ranks share one ``import torch`` by forking: from the caller when it has
+already imported torch (a notebook that uses torch), else from one fresh interpreter that imports
+it. NCCL keeps one freshly started interpreter per rank, so that each initialises CUDA on its
+own."""
+
+
+def _can_fork_caller() -> bool:
+    """Whether ranks may be forked from this process: torch imported, CUDA not initialised."""
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and hasattr(os, "fork")
+        and not (hasattr(torch, "cuda") and torch.cuda.is_initialized())
+    )
+
+
+class _ForkedChild:
+    """A rank forked from this process, with the ``poll/wait/kill`` of a ``Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank process {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
 
 
 class _Pool:
     """P worker processes of one backend, each a rank of one live process group.
 
-    ``procs``: the processes this one started (one for gloo, which forks the other ranks; one per
-    rank for NCCL); ``pids``: the process of each rank.
+    ``procs``: the processes this one started, each hosting the ranks in ``hosts`` (P forked
+    ranks, or one fresh interpreter that forks the others, for gloo; one interpreter per rank
+    for NCCL); ``pids``: the process of each rank.
     """
 
     def __init__(self, backend: str, world_size: int) -> None:
         self.backend = backend
         self.world_size = world_size
         self.lock = threading.Lock()
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | _ForkedChild] = []
         self.hosts: list[list[int]] = []  # the ranks of each started process, its own first
         self.pids: list[int] = [0] * world_size
         self.tasks: list[Connection] = []
         self.replies: list[Connection] = []
-        env = dict(os.environ)
-        env["CHAINRULE_SYS_PATH"] = json.dumps([p for p in sys.path if isinstance(p, str)])
-        env.setdefault("OMP_NUM_THREADS", "1")
         port = _free_port()
         ranks = list(range(world_size))
-        hosts = [ranks] if backend in FORKED_BACKENDS else [[r] for r in ranks]
+        if backend not in FORKED_BACKENDS:
+            hosts = [[r] for r in ranks]
+        else:
+            hosts = [[r] for r in ranks] if _can_fork_caller() else [ranks]
+        fork_here = backend in FORKED_BACKENDS and len(hosts) == world_size
         try:
             ends = []  # the worker's ends of each rank's pipes
             for _ in ranks:
                 task_read, task_write = os.pipe()
                 reply_read, reply_write = os.pipe()
-                ends.append((task_read, reply_write))
+                ends.append(_RankPipes(len(ends), task_read, reply_write))
                 self.tasks.append(Connection(task_write, readable=False))
                 self.replies.append(Connection(reply_read, writable=False))
             for hosted in hosts:
-                fds = [fd for r in hosted for fd in ends[r]]
-                specs = [f"{r}:{ends[r][0]}:{ends[r][1]}" for r in hosted]
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", _BOOTSTRAP, str(world_size), backend, str(port)]
-                    + [str(os.getpid()), *specs],
-                    pass_fds=fds,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    # A process group of their own: a notebook kernel that shuts down signals
-                    # the children in its group and polls until they are gone (seconds);
-                    # this module's exit handler stops the pool instead, in milliseconds.
-                    start_new_session=True,
-                )
-                for fd in fds:
-                    os.close(fd)
+                if fork_here:
+                    proc: subprocess.Popen | _ForkedChild = self._fork(ends, hosted[0], port)
+                else:
+                    proc = self._start_interpreter([ends[r] for r in hosted], port)
+                for r in hosted:
+                    os.close(ends[r].task_fd)
+                    os.close(ends[r].reply_fd)
                 self.procs.append(proc)
                 self.hosts.append(hosted)
                 self.pids[hosted[0]] = proc.pid
@@ -887,6 +921,46 @@ class _Pool:
         except BaseException:
             self.close(graceful=False)
             raise
+
+    def _start_interpreter(self, hosted: list[_RankPipes], port: int) -> subprocess.Popen:
+        """A fresh ``python -c`` worker for the ranks ``hosted`` (see :func:`worker_main`)."""
+        env = dict(os.environ)
+        env["CHAINRULE_SYS_PATH"] = json.dumps([p for p in sys.path if isinstance(p, str)])
+        env.setdefault("OMP_NUM_THREADS", "1")
+        specs = [f"{p.rank}:{p.task_fd}:{p.reply_fd}" for p in hosted]
+        return subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP, str(self.world_size), self.backend, str(port)]
+            + [str(os.getpid()), *specs],
+            pass_fds=[fd for p in hosted for fd in (p.task_fd, p.reply_fd)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            # A process group of their own: a notebook kernel that shuts down signals the
+            # children in its group and polls until they are gone (seconds); this module's
+            # exit handler stops the pool instead, in milliseconds.
+            start_new_session=True,
+        )
+
+    def _fork(self, ends: list[_RankPipes], rank: int, port: int) -> _ForkedChild:
+        """Rank ``rank`` as a child forked from this process (which has imported torch)."""
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            return _ForkedChild(pid)
+        try:  # the child: only this thread exists here; it never returns into the caller
+            os.setsid()  # out of a notebook kernel's process group, as _start_interpreter
+            gc.freeze()  # the caller's objects stay as they are: no finalizer of theirs runs here
+            # A notebook's output streams talk to threads that do not exist in this process.
+            sys.stdout = sys.__stdout__ or open(os.devnull, "w")  # noqa: SIM115
+            sys.stderr = sys.__stderr__ or open(os.devnull, "w")  # noqa: SIM115
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for conn in self.tasks + self.replies:
+                os.close(conn.fileno())
+            for later in ends[rank + 1 :]:  # the parent closed the earlier ranks' ends already
+                os.close(later.task_fd)
+                os.close(later.reply_fd)
+            _serve(ends[rank], self.world_size, self.backend, port, watch=parent)
+        finally:
+            os._exit(0)
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
