@@ -426,6 +426,20 @@ def test_without_torch_in_the_caller_one_interpreter_imports_it_and_forks_the_re
     assert not pool["torch_here"]
 
 
+def _kept_after_a_large_all_reduce() -> int:
+    dist.all_reduce(torch.ones(1 << 19))  # 2 MB: its result comes from the pool
+    return torch_backend.tensor_pool.kept_bytes
+
+
+def _kept() -> int:
+    return torch_backend.tensor_pool.kept_bytes
+
+
+def test_a_worker_keeps_no_pooled_memory_between_runs():
+    assert dist.run(_kept_after_a_large_all_reduce, 2, backend="gloo") == [2 << 20] * 2
+    assert dist.run(_kept, 2, backend="gloo") == [0, 0]
+
+
 def test_an_exception_on_every_rank_keeps_the_pool():
     pids = list(torch_backend._pools[("gloo", 2)].pids)
 

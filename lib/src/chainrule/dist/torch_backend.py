@@ -797,6 +797,7 @@ def _run_task(message: bytes, rank: int, me: TorchRank) -> bytes | None:
         reply = ("error", rank, _describe(exc), events, output.getvalue())
     finally:
         me.events = None
+        tensor_pool.clear()  # a live worker keeps no result memory between runs
     try:
         return cloudpickle.dumps(reply)
     except Exception as exc:  # the result could not be pickled
