@@ -68,7 +68,9 @@ FAMILIES: tuple[Family, ...] = (
         "Simulated world against the memory limit",
         "benchmarks.sim_collectives:measure",
         3,
-        "`chainrule.dist` collectives on a simulated world of P = 4 threads, in units of one "
+        "`chainrule.dist` collectives on a simulated world of P = 4 ranks (greenlets taking "
+        "turns in one thread; from 8 MB moved, the blocks of a collective are shared with one "
+        "helper thread), in units of one "
         "`np.copyto` of 64 MB into an existing array, measured alternately in the same process "
         "(the ratio column is the number of memcpy units). S = 64 MB is the largest buffer of a "
         "rank (all_gather's input is S/4). The *floor* is the copy count of the bytes that must "
@@ -77,8 +79,8 @@ FAMILIES: tuple[Family, ...] = (
         "written), (P + 1)/2 for all_gather and reduce_scatter. Timed as a loop of calls "
         "after one untimed call (result arrays already mapped, as in a training loop). The "
         "1 KB row is the time per call of a loop of all_reduces: the cost of the rendezvous; "
-        "its *cpu per call* is the CPU time of all ranks' threads together per call (what "
-        "the calls compute, without the time spent waiting for a core).",
+        "its *cpu per call* is the CPU time of the process's threads per call (what the "
+        "calls compute, without the time spent waiting for a core).",
     ),
     Family(
         "gloo",
@@ -86,9 +88,12 @@ FAMILIES: tuple[Family, ...] = (
         "benchmarks.gloo_collectives:measure",
         3,
         'Inside one `chainrule.dist.run(fn, 2, backend="gloo")`, timed on rank 0 after a '
-        "barrier, subject and baseline alternating on the same float32 tensors. The wrapper "
-        "`dist.all_reduce(t)` returns a new tensor (it copies `t`); the raw "
-        "`torch.distributed.all_reduce(t)` works in place. `f̄(f(x))` is "
+        "barrier, subject and baseline alternating on the same float32 tensors. The raw "
+        "`torch.distributed.all_reduce(t)` works in place, and so does the wrapper called as "
+        "`dist.all_reduce(t, out=t)` (the like-for-like row the goal reads); the functional "
+        "`dist.all_reduce(t)` returns a new tensor and leaves `t` alone, so it pays one copy "
+        "more (into reused memory from 1 MB, overlapped with the all-reduce from 8 MB). "
+        "`f̄(f(x))` is "
         "`reduce_from_ranks(copy_to_ranks(x))` from `chainrule.duality_torch`, forward and "
         "backward: one all-reduce each way, so 2× is its floor; `f̄(x)` alone carries one. "
         "Bus bandwidth (nccl-tests): algbw = S/t with S the largest buffer of a rank, busbw = "
@@ -104,8 +109,10 @@ FAMILIES: tuple[Family, ...] = (
         1,
         "A notebook-like fresh process imports numpy and `chainrule.dist`, defines the SPMD "
         "function in `__main__` (it travels by value) and calls `dist.run(fn, 2, "
-        'backend="gloo")`: the first call starts the worker pool (torch imported in the '
-        "parent and in each worker, gloo group joined), repeated calls reuse it. Median over "
+        'backend="gloo")`: the first call starts the worker pool (one worker interpreter '
+        "imports torch and forks the second rank; with torch already imported in the caller "
+        "both ranks are forked from it), both join the gloo group; repeated calls reuse it. "
+        "Median over "
         "3 processes (repeated: over all their calls). Baseline: a fresh interpreter that only "
         "imports torch (anchor: about 1 s on an idle machine).",
     ),

@@ -7,7 +7,8 @@ SPMD function in ``__main__`` (as a notebook cell does, so it travels by value),
   second rank; both join the gloo group, then the function runs (the parent itself does not
   import torch);
 - the same first call when the process had already imported torch (as a notebook that used
-  torch earlier would have): what the launcher itself costs;
+  torch earlier would have): the ranks are forked from the caller, so this is what the
+  launcher itself costs;
 - repeated calls: the median of further calls on the live worker pool.
 
 The function does one 1 KB all-reduce and returns the sum. The baseline of the first call is
