@@ -4,6 +4,8 @@ and stripping, failure classification, tamper detection, statuses, limits, the s
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -272,3 +274,16 @@ def test_batch_command_passes_config_overrides_and_rejects_other_options():
     assert (args.workers, args.memory_limit_mb, extra) == (2, None, ["--Execute.timeout=5"])
     with pytest.raises(SystemExit):
         main(["batch", "ps1", "--bogus"])
+
+
+def test_grading_does_not_import_the_slow_iri_format_checker():
+    code = (
+        "import sys\n"
+        "import chainrule.grading\n"
+        "import nbformat\n"
+        "nbformat.validate(nbformat.v4.new_notebook())\n"
+        "print(sys.modules.get('rfc3987_syntax', 'absent'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("None", "absent")

@@ -10,10 +10,19 @@
 - :class:`StripHiddenTests`: the feedback preprocessor that keeps hidden tests hidden.
 """
 
-from chainrule.grading.batch import BatchOptions, BatchResult, run_batch
-from chainrule.grading.feedback import FEEDBACK_PREPROCESSORS, StripHiddenTests
-from chainrule.grading.outcomes import NotebookOutcome, StudentOutcome
-from chainrule.grading.validate import validate_notebook
+import sys
+
+# nbformat validates notebooks with jsonschema, which imports the optional IRI format checker
+# ``rfc3987_syntax`` when it is installed (jupyter-events installs it). That module builds a Lark
+# grammar on import: about 2 s of CPU here, paid by the batch process, its fork server and
+# every ``validate``. Notebook schemas use no IRI formats, so grading goes without it.
+if "jsonschema" not in sys.modules:
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]
+
+from chainrule.grading.batch import BatchOptions, BatchResult, run_batch  # noqa: E402
+from chainrule.grading.feedback import FEEDBACK_PREPROCESSORS, StripHiddenTests  # noqa: E402
+from chainrule.grading.outcomes import NotebookOutcome, StudentOutcome  # noqa: E402
+from chainrule.grading.validate import validate_notebook  # noqa: E402
 
 __all__ = [
     "FEEDBACK_PREPROCESSORS",
