@@ -179,14 +179,25 @@ def gradient_reduced_in_place_when_only_autograd_holds_it():
     y = duality_torch.copy_to_ranks(x)
     arriving = []
     y.register_hook(lambda grad: arriving.append(grad.data_ptr()))  # keeps no reference
-    (y * (dist.rank() + 1.0)).backward(torch.ones(4, dtype=torch.float64))
-    return arriving[0] == x.grad.data_ptr(), x.grad.tolist()
+    reduced = []
+    all_reduce = duality_torch.td.all_reduce
+
+    def recording_all_reduce(t, *args, **kwargs):
+        reduced.append(t.data_ptr())
+        return all_reduce(t, *args, **kwargs)
+
+    duality_torch.td.all_reduce = recording_all_reduce
+    try:
+        (y * (dist.rank() + 1.0)).backward(torch.ones(4, dtype=torch.float64))
+    finally:
+        duality_torch.td.all_reduce = all_reduce
+    return reduced == arriving, x.grad.tolist()
 
 
 def test_backward_reduces_a_gradient_only_autograd_holds_in_place():
     results = dist.run(gradient_reduced_in_place_when_only_autograd_holds_it, 2, "gloo")
     for in_place, grad in results:
-        assert in_place
+        assert in_place  # the all-reduce ran on the very memory the gradient arrived in
         assert grad == [3.0] * 4
 
 
