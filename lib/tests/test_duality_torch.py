@@ -191,14 +191,36 @@ def gradient_reduced_in_place_when_only_autograd_holds_it():
         (y * (dist.rank() + 1.0)).backward(torch.ones(4, dtype=torch.float64))
     finally:
         duality_torch.td.all_reduce = all_reduce
-    return reduced == arriving, x.grad.tolist()
+    # reduced in the memory it arrived in, and autograd took that tensor as x.grad (no copy)
+    return reduced == arriving == [x.grad.data_ptr()], x.grad.tolist()
 
 
 def test_backward_reduces_a_gradient_only_autograd_holds_in_place():
     results = dist.run(gradient_reduced_in_place_when_only_autograd_holds_it, 2, "gloo")
     for in_place, grad in results:
-        assert in_place  # the all-reduce ran on the very memory the gradient arrived in
+        assert in_place
         assert grad == [3.0] * 4
+
+
+def gradients_taken_without_a_copy(elements: int, steps: int) -> int:
+    """Steps of f̄(f(x)) after which x.grad is the all-reduce's own (pooled) result."""
+    from chainrule.dist import torch_backend
+
+    leaf = torch.zeros(elements, requires_grad=True)
+    seed = torch.ones(elements)
+    taken = 0
+    for _ in range(steps):
+        duality_torch.reduce_from_ranks(duality_torch.copy_to_ranks(leaf)).backward(seed)
+        pooled = {t.data_ptr() for kept in torch_backend.tensor_pool._kept.values() for t in kept}
+        taken += leaf.grad.data_ptr() in pooled
+        leaf.grad = None
+    return taken
+
+
+@pytest.mark.parametrize("megabytes", [2, 8])  # below and from the overlapped copy's size
+def test_autograd_takes_a_large_reduced_gradient_without_copying_it(megabytes):
+    elements = (megabytes << 20) // 4
+    assert dist.run(gradients_taken_without_a_copy, 2, "gloo", args=(elements, 10)) == [10, 10]
 
 
 def large_results_stay_apart():

@@ -42,7 +42,7 @@ def _all_reduce_sum(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Σ_r x_r in memory no one else uses (``x`` is left as it was)."""
     if x.numel() * x.element_size() < MIN_POOLED_BYTES:
         out = x.clone(memory_format=torch.contiguous_format)
-        td.all_reduce(out, op=td.ReduceOp.SUM, group=group)
+        td.all_reduce(out.detach(), op=td.ReduceOp.SUM, group=group)  # see all_reduce_copy
         return out
     out = tensor_pool.empty(x.shape, x.dtype, x.device)
     all_reduce_copy(td, out, x.detach(), td.ReduceOp.SUM, group)
@@ -145,7 +145,7 @@ class CopyToRanks(torch.autograd.Function):
     def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         references = _references(grad)  # as in _Probe.backward
         if _autograd_owns(grad, references):
-            td.all_reduce(grad, op=td.ReduceOp.SUM, group=ctx.group)  # no one else sees it
+            td.all_reduce(grad.detach(), op=td.ReduceOp.SUM, group=ctx.group)  # in place
             return grad, None
         return _all_reduce_sum(grad, ctx.group), None
 

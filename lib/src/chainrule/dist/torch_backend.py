@@ -557,18 +557,24 @@ def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = Non
     ``x`` is left as it was. For a large contiguous CPU tensor the copy runs in two chunks, a
     quarter then the rest, and the all-reduce of the first chunk (``async_op=True``) overlaps
     the copy of the rest: each element is still reduced exactly once, in the same way.
+
+    The collectives get an alias of ``out`` (``detach()``: same memory, another tensor), never
+    ``out`` or a view of it: gloo's worker thread drops its reference to a finished collective's
+    tensors a moment after ``wait()`` returns, and until then ``out`` would look shared to
+    autograd, which then copies a gradient instead of taking it.
     """
     nbytes = out.numel() * out.element_size()
+    alias = out.detach()
     if nbytes < OVERLAP_MIN_BYTES or out.device.type != "cpu" or not x.is_contiguous():
-        out.copy_(x)  # raises if the two overlap only in part
-        torch_dist.all_reduce(out, op=op, group=group)
+        alias.copy_(x)  # raises if the two overlap only in part
+        torch_dist.all_reduce(alias, op=op, group=group)
         return
     if _shares_memory(out, x):
         if out.data_ptr() == x.data_ptr() and out.stride() == x.stride():
-            torch_dist.all_reduce(out, op=op, group=group)  # the same elements: in place
+            torch_dist.all_reduce(alias, op=op, group=group)  # the same elements: in place
             return
         x = x.clone()  # overlapping elsewhere: copying in chunks would read what it wrote
-    flat_out, flat_x = out.view(-1), x.view(-1)
+    flat_out, flat_x = alias.view(-1), x.view(-1)
     first = flat_out.numel() // 4
     flat_out[:first].copy_(flat_x[:first])
     work = torch_dist.all_reduce(flat_out[:first], op=op, group=group, async_op=True)
