@@ -253,4 +253,4 @@ def collect(sizes: Sequence[int], repeat: int) -> list[Row]:
 
 def measure(quick: bool = False) -> list[Row]:
     """Every gloo row (run it in a fresh process: the worker pool starts here)."""
-    return collect(QUICK_SIZES, 3) if quick else collect(SIZES, 9)
+    return collect(QUICK_SIZES, 3) if quick else collect(SIZES, 15)
