@@ -198,31 +198,46 @@ def measure(
     submissions: int | None = None,
     notebooks: Sequence[str] | None = None,
     single: bool = True,
+    rounds: int | None = None,
 ) -> list[Row]:
-    """One student alone, then the batch sequential and with 2 workers, on separate copies.
+    """One student alone, then the batch sequential and with 2 workers, each on its own copy.
 
     ``submissions``: the batch size (default 20, 3 when ``quick``); ``notebooks``: grade only
     these notebooks of the assignment (default all five); ``single``: also time one student
-    on a course of their own (the row ``grading.single``).
+    on a course of their own (the row ``grading.single``); ``rounds``: batches of each kind
+    (default 2, 1 when ``quick``), run in the order sequential, 2 workers, 2 workers,
+    sequential...: a machine that drifts slower or faster during the measurement (this one
+    does, by tens of percent) then weighs on both kinds alike. The speedup is the total time of
+    the sequential batches over that of the parallel ones.
     """
     count = submissions or (3 if quick else 20)
+    rounds = rounds or (1 if quick else 2)
+    order = [w for r in range(rounds) for w in ((1, 2) if r % 2 == 0 else (2, 1))]
     with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
         template = prepare_course(Path(tmp) / "template", notebooks)
         students = write_submissions(template, count)
         notebook_count = len(list((template / "release" / ASSIGNMENT).glob("*.ipynb")))
-        copies = {}
-        for name in ("single", "sequential", "parallel") if single else ("sequential", "parallel"):
-            copies[name] = Path(tmp) / name
-            shutil.copytree(template, copies[name])
-        sequential_s, sequential = grade_batch(copies["sequential"], 1)
-        parallel_s, parallel = grade_batch(copies["parallel"], 2)
-        reference = ("sequential", copies["sequential"], sequential)
-        differences = grade_differences(reference, ("parallel", copies["parallel"], parallel))
+        seconds: dict[int, list[float]] = {1: [], 2: []}
+        batches = []
+        for index, workers in enumerate(order):
+            copy = Path(tmp) / f"batch-{index}-workers-{workers}"
+            shutil.copytree(template, copy)
+            elapsed, grades = grade_batch(copy, workers)
+            seconds[workers].append(elapsed)
+            batches.append((f"batch {index + 1} ({workers} worker(s))", copy, grades))
+        reference = batches[0]
+        differences = []
+        for other in batches[1:]:
+            differences += grade_differences(reference, other)
         if single:
-            single_s, alone = grade_batch(copies["single"], 1, students[:1])
-            alone_batch = ("single", copies["single"], alone)
-            differences += grade_differences(alone_batch, reference, same_students=False)
+            copy = Path(tmp) / "single"
+            shutil.copytree(template, copy)
+            single_s, alone = grade_batch(copy, 1, students[:1])
+            differences += grade_differences(
+                ("single", copy, alone), reference, same_students=False
+            )
     identical = not differences
+    sequential_s, parallel_s = sum(seconds[1]), sum(seconds[2])
     rows = []
     if single:
         rows.append(
@@ -237,15 +252,18 @@ def measure(
         make_row(
             "grading.batch",
             f"batch of {count} submissions: sequential / 2 workers",
-            sequential_s,
-            parallel_s,
+            sequential_s / rounds,
+            parallel_s / rounds,
             "the same batch with 2 workers",
+            sequential_s / parallel_s,
             speedup=sequential_s / parallel_s,
-            per_student_s=sequential_s / count,
+            speedups=", ".join(f"{a / b:.2f}" for a, b in zip(seconds[1], seconds[2], strict=True)),
+            per_student_s=sequential_s / rounds / count,
             identical_grades=identical,
-            all_graded=all_graded(sequential) and all_graded(parallel),
-            distinct_grades=distinct_grades(sequential),
+            all_graded=all(all_graded(grades) for _, _, grades in batches),
+            distinct_grades=distinct_grades(reference[2]),
             submissions=count,
+            batches=len(order),
             **({"differences": "; ".join(differences)} if differences else {}),
         )
     )
