@@ -123,11 +123,13 @@ FAMILIES: tuple[Family, ...] = (
         1,
         "In a temporary copy of the course: `check_yourself` generated there, 20 submissions "
         "(3 with `--quick`) with different answers, each batch a fresh `python -m "
-        "chainrule.grading batch check_yourself --no-feedback` on its own copy. The batch "
-        "row's subject is the sequential batch and its baseline the batch with "
-        "`--workers 2`, so its ratio is the speedup. *identical grades*: every student's "
-        "per-notebook statuses and scores and total agree between the two batches (and with "
-        "the single-student run).",
+        "chainrule.grading batch check_yourself --no-feedback` on its own copy, in the order "
+        "sequential, 2 workers, 2 workers, sequential (one of each with `--quick`), so that "
+        "the machine's drift weighs on both kinds. The batch row's subject is the mean "
+        "sequential batch and its baseline the mean batch with `--workers 2`; its ratio, the "
+        "speedup, is their totals' ratio (*speedups*: each pair's). *identical grades*: every "
+        "student's per-notebook statuses and scores and total agree between all the batches "
+        "(and with the single-student run).",
     ),
 )
 
