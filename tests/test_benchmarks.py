@@ -233,8 +233,8 @@ def test_report_renders_every_section_and_verdict():
         "command": "python -m benchmarks.run",
         "minutes": 1.0,
         "quick": True,
-        "load_start": [0.1, 0.1, 0.1],
-        "load_end": [9.0, 9.0, 9.0],
+        "load_start": [9.0, 9.0, 9.0],
+        "load_end": [0.1, 0.1, 0.1],
     }
     text = report.render([report.Section("Engine", "About.", rows)], verdicts, machine, run_info)
     assert "## 1. Engine" in text and "| MLP |" in text and "1.20×" in text
@@ -260,7 +260,7 @@ def test_report_is_rewritten_from_saved_results(tmp_path):
             "quick": False,
             "code": "abc1234",
             "load_start": [0.1, 0.1, 0.1],
-            "load_end": [0.1, 0.1, 0.1],
+            "load_end": [9.0, 9.0, 9.0],  # the benchmark's own load
         },
         "machine": {"cpu": "a CPU", "usable_cpus": 2, "pinned_env": harness.PINNED_ENV},
         "rows": rows,
