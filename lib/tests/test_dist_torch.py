@@ -219,10 +219,11 @@ def test_all_reduce_writes_into_out_which_may_be_the_input(backend):
             assert got["functional"] == [last - 2, last]
 
 
+@pytest.mark.parametrize("numpy_input", [False, True])
 @pytest.mark.parametrize("backend", ["gloo", "sim"])
-def test_all_reduce_into_out_checks_out(backend):
+def test_all_reduce_into_out_checks_out(backend, numpy_input):
     def fn():
-        x = torch.ones(4)
+        x = np.ones(4, dtype=np.float32) if numpy_input else torch.ones(4)
         errors = []
         for out in (torch.ones(5), torch.ones(4, dtype=torch.float64), "no"):
             try:
