@@ -5,11 +5,13 @@ Two ways in:
 - :func:`run` (``dist.run(fn, P, backend="gloo")``) keeps a pool of P worker processes per
   (backend, P), each of which called ``init_process_group`` once and then waits for work. The
   function and its arguments travel *by value* (cloudpickle), so a function defined in a
-  notebook cell or in ``__main__`` runs too. The first call starts the pool: for gloo one fresh
-  interpreter imports torch (about a second, most of the start-up) and forks the other ranks,
-  so the import is paid once, not P times; NCCL starts one interpreter per rank. Later calls
-  cost a few milliseconds. Workers are started with ``python -c`` from this importable module,
-  never by re-importing the caller's ``__main__``, and they exit when the parent process does.
+  notebook cell or in ``__main__`` runs too. The first call starts the pool. For gloo the
+  ranks are forked from the caller when it has already imported torch (tens of milliseconds),
+  else one fresh interpreter imports torch (about a second, most of the start-up) and forks the
+  other ranks: the import is paid once, not P times. NCCL starts one interpreter per rank.
+  Later calls cost a few milliseconds. Interpreters are started with ``python -c`` from this
+  importable module, never by re-importing the caller's ``__main__``, and the workers exit when
+  the parent process does.
 - :func:`init_from_env` under torchrun (one process per rank started by torchrun, on one or
   several machines): afterwards the same SPMD function calls the same collectives.
 
