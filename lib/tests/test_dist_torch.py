@@ -263,6 +263,117 @@ def test_all_reduce_into_out_is_traced_like_the_functional_call():
     )
 
 
+class RecordingDist:
+    """torch.distributed, recording the communication calls made through it."""
+
+    def __init__(self) -> None:
+        import torch.distributed as td
+
+        self._td = td
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        value = getattr(self._td, name)
+        if name not in ("all_reduce", "isend", "recv"):
+            return value
+
+        def call(*args, **kwargs):
+            self.calls.append(name)
+            return value(*args, **kwargs)
+
+        return call
+
+
+def special_values(dtype) -> torch.Tensor:
+    """Values whose sums test rounding, signed zeros, overflow and NaN."""
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        return torch.tensor(
+            [0.0, -0.0, float("inf"), float("-inf"), float("nan"), info.max, info.tiny, 0.1, 1e-3],
+            dtype=dtype,
+        )
+    info = torch.iinfo(dtype)
+    return torch.tensor([0, info.max, info.min, 1, info.max // 2 + 1], dtype=dtype)
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's bits as integers (an integer tensor as it is)."""
+    if not t.dtype.is_floating_point:
+        return t
+    return t.view(torch.int64 if t.element_size() == 8 else torch.int32)
+
+
+def pair_exchange_against_gloo() -> dict:
+    """Out-of-place all-reduces within pairs of ranks, against gloo's own all-reduce."""
+    import torch.distributed as td
+
+    r, P = dist.rank(), dist.world_size()
+    pairs = [td.new_group([2 * i, 2 * i + 1]) for i in range(P // 2)] if P > 2 else [None]
+    group = pairs[r // 2] if P > 2 else None
+    generator = torch.Generator().manual_seed(7 + r)
+    results = {}
+    cases = [(n, dtype) for n in (11, 300_000, 3 << 20) for dtype in (torch.float32, torch.float64)]
+    cases += [(5, torch.int64), (5, torch.uint8), (1 << 20, torch.int32)]
+    for n, dtype in cases:
+        if dtype.is_floating_point:
+            x = torch.randn(n, generator=generator, dtype=dtype) * 10.0 ** (r % 2 * 3)
+        else:
+            x = torch.randint(0, 100, (n,), generator=generator).to(dtype)
+        head = special_values(dtype)
+        x[: len(head)] = head if r % 2 == 0 else head.roll(1 + r)
+        if dtype.is_floating_point:  # a NaN whose payload names its rank: whose NaN wins
+            nan = as_bits(torch.tensor([float("nan")], dtype=dtype))
+            x[len(head)] = (nan + 1 + r).view(dtype)[0]
+        kept = x.clone()
+        expected = x.clone()
+        td.all_reduce(expected, group=group)
+        recorder = RecordingDist()
+        out = torch.empty_like(x)
+        torch_backend.all_reduce_copy(recorder, out, x, td.ReduceOp.SUM, group)
+        nans = (
+            torch.isnan(expected) if dtype.is_floating_point else torch.zeros(n, dtype=torch.bool)
+        )
+        exchanged = [torch.empty_like(out) for _ in range(td.get_world_size(group))]
+        td.all_gather(exchanged, out, group=group)
+        partner = exchanged[1 - td.get_rank(group)]
+        results[(n, str(dtype))] = {
+            "calls": recorder.calls,
+            # gloo's order of the two operands varies with the size, and the sum of two NaNs
+            # carries the first one's payload: NaN payloads aside, the bits are gloo's
+            "same bits as gloo": torch.equal(as_bits(out[~nans]), as_bits(expected[~nans]))
+            and bool(torch.isnan(out[nans]).all()),
+            "same bits on both ranks": torch.equal(as_bits(out), as_bits(partner)),
+            "input kept": torch.equal(as_bits(x), as_bits(kept)),
+        }
+    x = torch.randn(64, generator=generator)
+    for label, op, t in [
+        ("max", td.ReduceOp.MAX, x),
+        ("float16", td.ReduceOp.SUM, x.half()),
+        ("strided", td.ReduceOp.SUM, torch.randn(128, generator=generator)[::2]),
+    ]:
+        recorder = RecordingDist()
+        out = torch.empty(t.shape, dtype=t.dtype)
+        torch_backend.all_reduce_copy(recorder, out, t, op, group)
+        expected = t.clone()
+        td.all_reduce(expected, op=op, group=group)
+        results[label] = {"calls": recorder.calls, "equal": torch.equal(out, expected)}
+    return results
+
+
+@pytest.mark.parametrize("P", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_two_ranks_all_reduce_out_of_place_by_one_exchange_with_gloos_bits(P):
+    for got in dist.run(pair_exchange_against_gloo, P, backend="gloo"):
+        for case in ("max", "float16", "strided"):  # a max, another dtype, a strided input
+            assert got.pop(case) == {"calls": ["all_reduce"], "equal": True}, case
+        for case, result in got.items():
+            assert result == {
+                "calls": ["isend", "recv"],
+                "same bits as gloo": True,
+                "same bits on both ranks": True,
+                "input kept": True,
+            }, case
+
+
 def results_reuse_memory_no_one_refers_to() -> dict:
     """Large results: memory that something still refers to is never handed out again."""
     n = 1 << 19  # 2 MB of float32

@@ -29,7 +29,6 @@ import torch.distributed as td
 from torch.autograd.function import FunctionCtx
 
 from chainrule.dist.torch_backend import (
-    MIN_POOLED_BYTES,
     all_reduce_copy,
     storage_unshared,
     tensor_pool,
@@ -40,10 +39,6 @@ Group = Any  # a torch.distributed ProcessGroup, or None for the default group
 
 def _all_reduce_sum(x: torch.Tensor, group: Group) -> torch.Tensor:
     """Σ_r x_r in memory no one else uses (``x`` is left as it was)."""
-    if x.numel() * x.element_size() < MIN_POOLED_BYTES:
-        out = x.clone(memory_format=torch.contiguous_format)
-        td.all_reduce(out.detach(), op=td.ReduceOp.SUM, group=group)  # see all_reduce_copy
-        return out
     out = tensor_pool.empty(x.shape, x.dtype, x.device)
     all_reduce_copy(td, out, x.detach(), td.ReduceOp.SUM, group)
     return out
