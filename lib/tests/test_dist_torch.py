@@ -330,9 +330,6 @@ def pair_exchange_against_gloo() -> dict:
         recorder = RecordingDist()
         out = torch.empty_like(x)
         torch_backend.all_reduce_copy(recorder, out, x, td.ReduceOp.SUM, group)
-        nans = (
-            torch.isnan(expected) if dtype.is_floating_point else torch.zeros(n, dtype=torch.bool)
-        )
         exchanged = [torch.empty_like(out) for _ in range(td.get_world_size(group))]
         td.all_gather(exchanged, out, group=group)
         partner = exchanged[1 - td.get_rank(group)]
@@ -340,8 +337,7 @@ def pair_exchange_against_gloo() -> dict:
             "calls": recorder.calls,
             # gloo's order of the two operands varies with the size, and the sum of two NaNs
             # carries the first one's payload: NaN payloads aside, the bits are gloo's
-            "same bits as gloo": torch.equal(as_bits(out[~nans]), as_bits(expected[~nans]))
-            and bool(torch.isnan(out[nans]).all()),
+            "same bits as gloo": same_numbers(out, expected),
             "same bits on both ranks": torch.equal(as_bits(out), as_bits(partner)),
             "input kept": torch.equal(as_bits(x), as_bits(kept)),
         }
@@ -372,6 +368,75 @@ def test_two_ranks_all_reduce_out_of_place_by_one_exchange_with_gloos_bits(P):
                 "same bits on both ranks": True,
                 "input kept": True,
             }, case
+
+
+def same_numbers(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same bits, NaN payloads aside: NaN in the same places, every other element equal."""
+    nans = torch.isnan(b) if b.dtype.is_floating_point else torch.zeros_like(b, dtype=torch.bool)
+    return (
+        a.shape == b.shape
+        and torch.equal(as_bits(a[~nans]), as_bits(b[~nans]))
+        and bool(torch.isnan(a[nans]).all())
+    )
+
+
+def pair_reduce_scatter_against_gloo() -> dict:
+    """Reduce-scatters on two ranks (the wrapper's and the duality table's) against a slice of
+    gloo's all-reduce, and the shapes that went through one exchange of halves."""
+    import torch.distributed as td
+    from chainrule import duality_torch
+
+    r = dist.rank()
+    exchanged = []
+    original = torch_backend.pair_sum
+
+    def counting(*args, **kwargs):
+        exchanged.append(tuple(args[3].shape))  # mine: this rank's half
+        return original(*args, **kwargs)
+
+    generator = torch.Generator().manual_seed(11 + r)
+    x = torch.randn(6, 1 << 18, generator=generator)  # 6 MB
+    x[0, :9] = special_values(torch.float32).roll(2 * r)
+    total = x.clone()
+    td.all_reduce(total)
+    kept = x.clone()
+    x64 = x.double()
+    total64 = x64.clone()
+    td.all_reduce(total64)
+    torch_backend.pair_sum = duality_torch.pair_sum = counting
+    try:
+        got = {
+            "axis 0": (dist.reduce_scatter(x, axis=0), total.chunk(2, 0)[r]),
+            "axis 1": (dist.reduce_scatter(x, axis=1), total.chunk(2, 1)[r]),
+            "avg": (dist.reduce_scatter(x, op="avg", axis=0), total.chunk(2, 0)[r] / 2),
+            "numpy": (
+                torch.from_numpy(dist.reduce_scatter(x64.numpy(), axis=1)),
+                total64.chunk(2, 1)[r],
+            ),
+            "duality table": (duality_torch.reduce_scatter_to_ranks(x, 1), total.chunk(2, 1)[r]),
+            "max": (dist.reduce_scatter(x, op="max", axis=0), None),
+        }
+    finally:
+        torch_backend.pair_sum = duality_torch.pair_sum = original
+    maximum = x.clone()
+    td.all_reduce(maximum, op=td.ReduceOp.MAX)
+    got["max"] = (got["max"][0], maximum.chunk(2, 0)[r])
+    return {
+        "same numbers": {case: same_numbers(a, b) for case, (a, b) in got.items()},
+        "input kept": torch.equal(as_bits(x), as_bits(kept)),
+        "exchanged": exchanged,
+    }
+
+
+def test_two_ranks_reduce_scatter_by_one_exchange_of_halves():
+    for got in dist.run(pair_reduce_scatter_against_gloo, 2, backend="gloo"):
+        assert all(got["same numbers"].values()), got["same numbers"]
+        assert got["input kept"]
+        # every sum but the max: axis 0, axis 1, avg, numpy (axis 1), the duality table (axis 1)
+        assert (
+            got["exchanged"]
+            == [(3, 1 << 18)] + [(6, 1 << 17)] + [(3, 1 << 18)] + [(6, 1 << 17)] * 2
+        )
 
 
 def results_reuse_memory_no_one_refers_to() -> dict:

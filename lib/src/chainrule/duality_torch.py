@@ -30,6 +30,8 @@ from torch.autograd.function import FunctionCtx
 
 from chainrule.dist.torch_backend import (
     all_reduce_copy,
+    pair_peer,
+    pair_sum,
     storage_unshared,
     tensor_pool,
 )
@@ -112,8 +114,13 @@ def _chunks(x: torch.Tensor, parts: int, axis: int) -> list[torch.Tensor]:
 
 def _reduce_scatter_sum(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
     chunks = _chunks(x, td.get_world_size(group), axis)
-    out = torch.empty_like(chunks[0])
-    td.reduce_scatter(out, chunks, op=td.ReduceOp.SUM, group=group)
+    out = tensor_pool.empty(chunks[0].shape, chunks[0].dtype, chunks[0].device)
+    peer = pair_peer(td, x, td.ReduceOp.SUM, group)
+    if peer is not None:  # two ranks: one exchange of halves and one addition
+        rank = td.get_rank(group)
+        pair_sum(td, out, chunks[1 - rank], chunks[rank], peer, group)
+    else:
+        td.reduce_scatter(out.detach(), chunks, op=td.ReduceOp.SUM, group=group)
     return out
 
 

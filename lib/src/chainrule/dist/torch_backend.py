@@ -18,8 +18,11 @@ Two ways in:
 Inside a rank, :class:`TorchRank` implements the collectives on ``torch.distributed``. Numpy
 arrays and :class:`chainrule.Tensor` are converted to torch tensors (on ``cuda:<local rank>``
 for NCCL) and back; torch tensors come back on the device they came from. gloo has no
-``AVG``: it sums and divides by P. gloo's reduce-scatter is about 3× slower than its
-all-reduce on large arrays, so here reduce-scatter is an all-reduce followed by a slice.
+``AVG``: it sums and divides by P. On two CPU ranks, a sum that must not overwrite its input
+(``all_reduce(x)``, ``reduce_scatter``) is one exchange and one addition (:func:`pair_sum`):
+no copy, and half the traffic for a reduce-scatter. Otherwise, since gloo's reduce-scatter is
+about 3× slower than its all-reduce on large arrays, reduce-scatter is an all-reduce followed
+by a slice.
 
 torch is imported only when a torch backend is used: the simulated world never needs it.
 """
@@ -290,7 +293,8 @@ class TorchRank:
         axis = api.normalize_axis(axis, t.ndim, "axis")
         self._record("all_gather", t, axis=axis)
         P = self._world_size
-        gathered = t.new_empty((P * t.shape[0], *t.shape[1:]))  # concatenated along dim 0
+        # concatenated along dim 0
+        gathered = tensor_pool.empty((P * t.shape[0], *t.shape[1:]), t.dtype, t.device)
         _all_gather_single(self._dist, gathered, t, self.group)
         stacked = gathered.view(P, *t.shape)
         shape = list(t.shape)
@@ -299,19 +303,27 @@ class TorchRank:
 
     def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any:
         P = self._world_size
-        via_all_reduce = self.reduce_scatter_via_all_reduce
-        t, back, _ = self._to_torch(x, fresh=via_all_reduce)
+        t, back, _ = self._to_torch(x, fresh=False)
         _check_reducible(t, op)
         axis = api.check_divisible(t, axis, P, "reduce_scatter")
         self._record("reduce_scatter", t, op=op, axis=axis)
+        native = op is not ReduceOp.AVG or self._native_avg
+        reduce_op = self._ops[op if native else ReduceOp.SUM]
+        peer = pair_peer(self._dist, t, reduce_op, self.group)
+        if peer is not None:  # one exchange of halves and one addition
+            halves = [half.contiguous() for half in t.chunk(P, dim=axis)]
+            mine = halves[self._rank]
+            out = tensor_pool.empty(mine.shape, mine.dtype, mine.device)
+            pair_sum(self._dist, out, halves[1 - self._rank], mine, peer, self.group)
+            return back(out if native else out.div_(P))
+        via_all_reduce = self.reduce_scatter_via_all_reduce
         if via_all_reduce:
+            t = _fresh_copy(t)
             self._all_reduce_inplace(t, op)
             mine = t.chunk(P, dim=axis)[self._rank]
             return back(mine.clone(memory_format=self._torch.contiguous_format))
         moved = t.movedim(axis, 0).contiguous()
-        out = moved.new_empty((moved.shape[0] // P, *moved.shape[1:]))
-        native = op is not ReduceOp.AVG or self._native_avg
-        reduce_op = self._ops[op if native else ReduceOp.SUM]
+        out = tensor_pool.empty((moved.shape[0] // P, *moved.shape[1:]), moved.dtype, moved.device)
         _reduce_scatter_single(self._dist, out, moved, reduce_op, self.group)
         if not native:
             out.div_(P)
@@ -324,7 +336,7 @@ class TorchRank:
         concat_axis = api.normalize_axis(concat_axis, t.ndim, "concat_axis")
         self._record("all_to_all", t, split_axis=split_axis, concat_axis=concat_axis)
         moved = t.movedim(split_axis, 0).contiguous()  # chunk j = rows j·c ... (j+1)·c − 1
-        received = moved.new_empty(moved.shape)
+        received = tensor_pool.empty(moved.shape, moved.dtype, moved.device)
         self._dist.all_to_all_single(received, moved, group=self.group)
         chunk = moved.shape[0] // P
         # received[j·c + i] is row i of rank j's chunk for this rank, split axis first.
@@ -583,20 +595,12 @@ def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = Non
     tensors a moment after ``wait()`` returns, and until then ``out`` would look shared to
     autograd, which then copies a gradient instead of taking it.
     """
-    import torch
-
     nbytes = out.numel() * out.element_size()
     alias = out.detach()
     shared = _shares_memory(out, x)
-    peer = None if shared else pair_peer(torch_dist, x, op, group)
+    peer = None if shared or not x.is_contiguous() else pair_peer(torch_dist, x, op, group)
     if peer is not None:
-        sending = torch_dist.isend(x.detach(), peer, group=group, tag=PAIR_TAG)
-        torch_dist.recv(alias, peer, group=group, tag=PAIR_TAG)
-        sending.wait()
-        if torch_dist.get_rank(group) == 0:  # alias holds x_1
-            torch.add(x, alias, out=alias)
-        else:  # alias holds x_0
-            alias.add_(x)
+        pair_sum(torch_dist, out, x, x, peer, group)
         return
     if nbytes < OVERLAP_MIN_BYTES or out.device.type != "cpu" or not x.is_contiguous():
         alias.copy_(x)  # raises if the two overlap only in part
@@ -618,19 +622,39 @@ def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = Non
 
 
 def pair_peer(torch_dist: Any, x: Any, op: Any, group: Any = None) -> int | None:
-    """The other rank's global rank when an out-of-place all-reduce of ``x`` can be one
-    exchange and one addition: a group of two, a CPU tensor, contiguous, a sum, a dtype of
+    """The other rank's global rank when reducing ``x`` can be one exchange and one addition
+    (:func:`pair_sum`): a group of two, a CPU tensor, a sum, a dtype of
     :data:`EXACT_PAIR_SUM_DTYPES`; else None."""
     if (
         x.device.type != "cpu"
         or op != torch_dist.ReduceOp.SUM
-        or not x.is_contiguous()
         or _dtype_name(x.dtype) not in EXACT_PAIR_SUM_DTYPES
         or torch_dist.get_world_size(group) != 2
     ):
         return None
     other = 1 - torch_dist.get_rank(group)
     return other if group is None else torch_dist.get_global_rank(group, other)
+
+
+def pair_sum(torch_dist: Any, out: Any, send: Any, mine: Any, peer: int, group: Any = None) -> None:
+    """out ← mine_0 + mine_1 on two ranks, where rank r's ``mine`` is its own term and its
+    ``send`` the term the other rank needs: each rank sends ``send`` to ``peer`` and receives
+    the peer's into ``out``, then adds ``mine``, rank 0's term first on both ranks (the sum of
+    two NaNs carries the first one's payload). All-reduce: ``send`` and ``mine`` are both x;
+    reduce-scatter: the other rank's half of x and this rank's half.
+
+    ``send`` and ``mine`` contiguous CPU tensors, ``out`` like ``mine`` in memory of its own.
+    """
+    import torch
+
+    alias = out.detach()  # see all_reduce_copy
+    sending = torch_dist.isend(send.detach(), peer, group=group, tag=PAIR_TAG)
+    torch_dist.recv(alias, peer, group=group, tag=PAIR_TAG)
+    sending.wait()
+    if torch_dist.get_rank(group) == 0:  # alias holds rank 1's term
+        torch.add(mine, alias, out=alias)
+    else:  # alias holds rank 0's term
+        alias.add_(mine)
 
 
 def _shares_memory(a: Any, b: Any) -> bool:
