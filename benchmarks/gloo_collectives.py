@@ -7,8 +7,8 @@ alternate sample by sample on the same tensors.
 - The wrapper against ``torch.distributed.all_reduce(t)`` (in place), float32, sizes 1 KB to
   64 MB, in two forms: in place, ``chainrule.dist.all_reduce(t, out=t)`` (like for like with
   the raw call), and functional, ``chainrule.dist.all_reduce(t)``, which leaves ``t`` alone and
-  returns the sum in memory of its own, so it pays one copy of ``t`` more than the raw call
-  (large results reuse memory nothing refers to, and the copy overlaps the all-reduce).
+  returns the sum in memory of its own: on two ranks one exchange and one addition, with no
+  copy of ``t`` (large results reuse memory nothing refers to).
 - The differentiable all-reduce of tensor parallelism, ``y = f̄(f(x))`` with
   ``f = copy_to_ranks`` (identity forward, all-reduce backward) and ``f̄ = reduce_from_ranks``
   (all-reduce forward, identity backward) from :mod:`chainrule.duality_torch`: forward and
@@ -191,7 +191,7 @@ def _size_rows(size: int, samples: dict[str, list[float]], agree: bool) -> list[
          f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper in place (out=t)",
          "raw torch.distributed.all_reduce (in place)"),
         ("all_reduce", "wrapper",
-         f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper, functional (one copy more)",
+         f"all_reduce, 2 ranks, {label}: chainrule.dist wrapper, functional (exchange and add)",
          "raw torch.distributed.all_reduce (in place)"),
         ("round_trip", "round_trip", f"f̄(f(x)) forward+backward (2 all-reduces), {label}",
          "one raw all_reduce"),

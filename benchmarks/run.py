@@ -91,11 +91,14 @@ FAMILIES: tuple[Family, ...] = (
         "barrier, subject and baseline alternating on the same float32 tensors. The raw "
         "`torch.distributed.all_reduce(t)` works in place, and so does the wrapper called as "
         "`dist.all_reduce(t, out=t)` (the like-for-like row the goal reads); the functional "
-        "`dist.all_reduce(t)` returns a new tensor and leaves `t` alone, so it pays one copy "
-        "more (into reused memory from 1 MB, overlapped with the all-reduce from 8 MB). "
+        "`dist.all_reduce(t)` returns a new tensor and leaves `t` alone: on two ranks each "
+        "sends `t` to the other and adds its own to what it receives (no copy), otherwise it "
+        "pays one copy more. Results of 1 MB and more reuse memory nothing refers to any more. "
         "`f̄(f(x))` is "
         "`reduce_from_ranks(copy_to_ranks(x))` from `chainrule.duality_torch`, forward and "
-        "backward: one all-reduce each way, so 2× is its floor; `f̄(x)` alone carries one. "
+        "backward: one all-reduce each way, so 2× is its floor. `f̄(x)` alone carries one, "
+        "but its backward hands the caller's seed to `x.grad`, which torch then copies into "
+        "fresh memory (it never takes a gradient that someone else holds). "
         "Bus bandwidth (nccl-tests): algbw = S/t with S the largest buffer of a rank, busbw = "
         "algbw × 2(n−1)/n for all_reduce and × (n−1)/n for all_gather, reduce_scatter and "
         "all_to_all. *best ratio*: the fastest subject sample over the fastest baseline "
@@ -114,7 +117,8 @@ FAMILIES: tuple[Family, ...] = (
         "both ranks are forked from it), both join the gloo group; repeated calls reuse it. "
         "Median over "
         "3 processes (repeated: over all their calls). Baseline: a fresh interpreter that only "
-        "imports torch (anchor: about 1 s on an idle machine).",
+        "imports torch (anchor: about 1 s on an idle machine), timed alongside each; the "
+        "first-call goal reads the ratio to it.",
     ),
     Family(
         "grading",
