@@ -86,7 +86,7 @@ FAMILIES: tuple[Family, ...] = (
         "gloo",
         "Torch backend against raw torch.distributed (gloo, 2 processes)",
         "benchmarks.gloo_collectives:measure",
-        3,
+        5,  # the noisiest rows (gloo's latency jitters by 15–30% here), two goals near limits
         'Inside one `chainrule.dist.run(fn, 2, backend="gloo")`, timed on rank 0 after a '
         "barrier, subject and baseline alternating on the same float32 tensors. The raw "
         "`torch.distributed.all_reduce(t)` works in place, and so does the wrapper called as "
