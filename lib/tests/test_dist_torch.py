@@ -160,17 +160,18 @@ def test_tensor_kinds_come_back_as_they_went_in():
         assert isinstance(scalar, np.ndarray) and scalar.shape == () and scalar == 1.0
 
 
-def native_reduce_scatter():
+def native_collectives():
     backend = dist.api.current_backend()
     backend.reduce_scatter_via_all_reduce = False  # gloo's own reduce-scatter, as on NCCL
+    backend.pair_sums = False  # two ranks: the collectives, not one exchange and an addition
     try:
         return every_collective()
     finally:
-        backend.reduce_scatter_via_all_reduce = True
+        backend.reduce_scatter_via_all_reduce = backend.pair_sums = True
 
 
-def test_the_native_reduce_scatter_path_matches_numpy_too():
-    check_against(dist.run(native_reduce_scatter, 2, backend="gloo"), expected_results(2), False)
+def test_the_native_collective_paths_match_numpy_too():
+    check_against(dist.run(native_collectives, 2, backend="gloo"), expected_results(2), False)
 
 
 # -- all_reduce into `out`, and result memory reused only when nothing refers to it -----------

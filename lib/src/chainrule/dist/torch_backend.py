@@ -145,6 +145,8 @@ class TorchRank:
         self._native_avg = backend == "nccl"
         # gloo's reduce-scatter is about 3× slower than its all-reduce on large arrays
         self.reduce_scatter_via_all_reduce = backend == "gloo"
+        # two CPU ranks sum by one exchange and one addition (pair_sum) where they can
+        self.pair_sums = True
 
     def rank(self) -> int:
         return self._rank
@@ -282,7 +284,7 @@ class TorchRank:
         """out ← ⊕_r x_r for a contiguous ``out`` (see :func:`all_reduce_copy`)."""
         native = op is not ReduceOp.AVG or self._native_avg
         reduce_op = self._ops[op if native else ReduceOp.SUM]
-        all_reduce_copy(self._dist, out, x, reduce_op, self.group)
+        all_reduce_copy(self._dist, out, x, reduce_op, self.group, pair=self.pair_sums)
         if not native:
             out.div_(self._world_size)
 
@@ -309,7 +311,7 @@ class TorchRank:
         self._record("reduce_scatter", t, op=op, axis=axis)
         native = op is not ReduceOp.AVG or self._native_avg
         reduce_op = self._ops[op if native else ReduceOp.SUM]
-        peer = pair_peer(self._dist, t, reduce_op, self.group)
+        peer = pair_peer(self._dist, t, reduce_op, self.group) if self.pair_sums else None
         if peer is not None:  # one exchange of halves and one addition
             halves = [half.contiguous() for half in t.chunk(P, dim=axis)]
             mine = halves[self._rank]
@@ -574,10 +576,12 @@ EXACT_PAIR_SUM_DTYPES = frozenset(
 in gloo alike, so that the exchange gives gloo's bits."""
 
 
-def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = None) -> None:
+def all_reduce_copy(
+    torch_dist: Any, out: Any, x: Any, op: Any, group: Any = None, pair: bool = True
+) -> None:
     """out ← ⊕_r x_r (torch.distributed ``op``) for a contiguous ``out`` of x's shape and dtype.
 
-    ``x`` is left as it was. Three ways, fastest first:
+    ``x`` is left as it was. Three ways, fastest first (``pair=False`` skips the first):
 
     - Two ranks on CPU, a sum (:func:`pair_peer`): each rank sends its ``x`` to the other and
       receives the other's into ``out``, then adds its own: ``out = x_0 + x_1``. That is the
@@ -598,7 +602,8 @@ def all_reduce_copy(torch_dist: Any, out: Any, x: Any, op: Any, group: Any = Non
     nbytes = out.numel() * out.element_size()
     alias = out.detach()
     shared = _shares_memory(out, x)
-    peer = None if shared or not x.is_contiguous() else pair_peer(torch_dist, x, op, group)
+    exchange = pair and not shared and x.is_contiguous()
+    peer = pair_peer(torch_dist, x, op, group) if exchange else None
     if peer is not None:
         pair_sum(torch_dist, out, x, x, peer, group)
         return
