@@ -309,8 +309,9 @@ def pair_exchange_against_gloo() -> dict:
     import torch.distributed as td
 
     r, P = dist.rank(), dist.world_size()
-    pairs = [td.new_group([2 * i, 2 * i + 1]) for i in range(P // 2)] if P > 2 else [None]
-    group = pairs[r // 2] if P > 2 else None
+    group = None  # P = 2: the whole world; P = 4: ranks (0, 1) and (2, 3)
+    if P > 2:
+        group = [td.new_group([2 * i, 2 * i + 1]) for i in range(P // 2)][r // 2]
     generator = torch.Generator().manual_seed(7 + r)
     results = {}
     cases = [(n, dtype) for n in (11, 300_000, 3 << 20) for dtype in (torch.float32, torch.float64)]
