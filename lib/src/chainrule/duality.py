@@ -7,7 +7,7 @@ below is that statement row by row, derived from the two rules of split graphs:
 1. fan-out becomes a sum (a value read by k consumers receives the sum of k gradients);
 2. concatenation becomes a split (each input of a concat receives its slice of the gradient).
 
-Conventions (used by the docstrings and by :mod:`chainrule.dist_testing`):
+Conventions (used by the docstrings and by :mod:`chainrule.dist_adjoint`):
 
 - a **replicated** tensor is *one* global value held identically by every rank. The loss
   counts it once: inner products over it are taken once, and its cotangent (gradient) is the
@@ -283,7 +283,9 @@ class DualityRow:
     ``global_fn(xs, world_size)`` is the same global map on one process: it takes the list of
     per-rank inputs (one element when the input is replicated) and returns the list of
     per-rank outputs (one element when the output is replicated). ``in_syllabus`` is False
-    for the row added to the syllabus's table.
+    for the row added to the syllabus's table. ``splits_input`` is True when the forward cuts
+    each rank's input into P slices along its axis (reduce-scatter, all-to-all, split), so an
+    example input must hold P slices there.
     """
 
     key: str
@@ -295,6 +297,7 @@ class DualityRow:
     input_kind: Kind
     output_kind: Kind
     global_fn: Callable[..., list[Any]]
+    splits_input: bool = False
     in_syllabus: bool = True
 
     @property
@@ -353,6 +356,7 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_reduce_scatter,
+        splits_input=True,
     ),
     DualityRow(
         key="all_to_all",
@@ -364,6 +368,7 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_all_to_all,
+        splits_input=True,
     ),
     DualityRow(
         key="split",
@@ -375,6 +380,7 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=REPLICATED,
         output_kind=PER_RANK,
         global_fn=global_split,
+        splits_input=True,
     ),
     DualityRow(
         key="all_gather_replicated",

@@ -56,8 +56,7 @@ class Routing:
 
 def example_input(row: DualityRow, rank: int, world_size: int, shard: int = 2) -> np.ndarray:
     """The integer-valued input of ``row`` on ``rank`` (see the module docstring)."""
-    whole = row.key in ("reduce_scatter", "all_to_all", "split")  # P slices of ``shard``
-    length = shard * world_size if whole else shard
+    length = shard * world_size if row.splits_input else shard  # P slices of ``shard``
     if row.input_kind == REPLICATED:
         return np.arange(1.0, length + 1)
     return 10.0 * (rank + 1) + np.arange(length)
