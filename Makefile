@@ -28,7 +28,7 @@ WORKERS ?= 2
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements.lock lib/pyproject.toml
+$(VENV)/.installed: Makefile requirements.txt requirements.lock lib/pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed, found " + sys.version'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
@@ -39,7 +39,7 @@ $(VENV)/.installed: requirements.txt requirements.lock lib/pyproject.toml
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" -r requirements.txt -c requirements.lock -e lib
 	@# Every kernel of this environment explains a NameError after a kernel restart.
 	mkdir -p $(VENV)/etc/ipython
-	echo 'c.InteractiveShellApp.extensions = ["chainrule.notebook"]' > $(VENV)/etc/ipython/ipython_kernel_config.py
+	echo 'c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]' > $(VENV)/etc/ipython/ipython_kernel_config.py
 	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader"
 	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager"
 	touch $@

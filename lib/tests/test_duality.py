@@ -5,7 +5,7 @@ from functools import partial
 import numpy as np
 import pytest
 from chainrule import Tensor, as_tensor, dist, duality
-from chainrule.dist_testing import compare_with_single_process, distributed_adjoint_test
+from chainrule.dist_adjoint import compare_with_single_process, distributed_adjoint_test
 from chainrule.duality import DUALITY_TABLE, PER_RANK, REPLICATED
 
 WORLD_SIZES = (1, 2, 3, 4)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from chainrule import dist, duality, duality_torch
-from chainrule.dist_testing import compare_with_single_process, distributed_adjoint_test
+from chainrule.dist_adjoint import compare_with_single_process, distributed_adjoint_test
 from chainrule.duality import DUALITY_TABLE, PER_RANK
 
 TOL = 1e-12

@@ -83,7 +83,7 @@ def test_disabled_extensions_accepts_the_list_form_and_ignores_bad_files(tmp_pat
 
 
 def test_restart_hint_check_loaded_configured_or_missing(tmp_path):
-    shell = SimpleNamespace(extension_manager=SimpleNamespace(loaded={"chainrule.notebook"}))
+    shell = SimpleNamespace(extension_manager=SimpleNamespace(loaded={"chainrule.restart_hint"}))
     assert restart_hint_check(shell=shell, prefix=tmp_path).ok
 
     bare = SimpleNamespace(extension_manager=SimpleNamespace(loaded=set()))
@@ -92,7 +92,7 @@ def test_restart_hint_check_loaded_configured_or_missing(tmp_path):
     config = tmp_path / "etc" / "ipython"
     config.mkdir(parents=True)
     (config / "ipython_kernel_config.py").write_text(
-        'c.InteractiveShellApp.extensions = ["chainrule.notebook"]\n'
+        'c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]\n'
     )
     check = restart_hint_check(shell=bare, prefix=tmp_path)
     assert check.ok and "ipython_kernel_config.py" in check.detail

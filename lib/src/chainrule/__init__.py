@@ -11,7 +11,7 @@ Distributed training
     :mod:`chainrule.tensor_parallel`.
 The course
     :mod:`chainrule.widgets` (the lessons' interactive views), :mod:`chainrule.grading`
-    (autograding the exercises), :mod:`chainrule.exercise_feedback`.
+    (autograding the exercises), :mod:`chainrule.checks`.
 """
 
 from chainrule.tensor import Tensor, as_tensor, is_grad_enabled, no_grad, tensor

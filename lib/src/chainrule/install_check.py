@@ -10,7 +10,7 @@
 - whether torch sees a GPU; without one the lessons use the simulated world and gloo;
 - whether JupyterLab's nbgrader extension (Validate button, Assignment List) and the widget
   manager (the lessons' sliders) are installed and not disabled, and whether the kernel
-  restart hint (:mod:`chainrule.notebook`) is switched on.
+  restart hint (:mod:`chainrule.restart_hint`) is switched on.
 
 The result is an :class:`InstallReport`; in a notebook it renders itself as Markdown.
 """
@@ -48,7 +48,7 @@ COURSE_MODULES: tuple[str, ...] = (
     "chainrule.duality",
     "chainrule.data_parallel",
     "chainrule.tensor_parallel",
-    "chainrule.notebook",
+    "chainrule.restart_hint",
 )
 
 LAB_EXTENSIONS: dict[str, str] = {
@@ -56,7 +56,7 @@ LAB_EXTENSIONS: dict[str, str] = {
     "@jupyter-widgets/jupyterlab-manager": "ipywidgets: the lessons' sliders",
 }
 
-HINT_EXTENSION = "chainrule.notebook"
+HINT_EXTENSION = "chainrule.restart_hint"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import types
 
 import numpy as np
 import pytest
-from chainrule import exercise_feedback as fb
+from chainrule import checks as fb
 from chainrule.tensor import Tensor
 
 RNG = np.random.default_rng(7)

@@ -11,8 +11,8 @@ the usual traceback::
     The kernel has probably restarted (or that cell has not run yet): run the cells above
     this one (Run ▸ Run All Above Selected Cell), then this cell again.
 
-Load it with ``%load_ext chainrule.notebook``, or for every kernel of an environment with
-``c.InteractiveShellApp.extensions = ["chainrule.notebook"]`` in
+Load it with ``%load_ext chainrule.restart_hint``, or for every kernel of an environment with
+``c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]`` in
 ``<sys.prefix>/etc/ipython/ipython_kernel_config.py``.
 
 The notebook is the file named by ``JPY_SESSION_NAME``, which jupyter_server sets for the
@@ -368,7 +368,7 @@ _ACTIVE: dict[int, _RestartHint] = {}
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register the NameError hint on this IPython shell (``%load_ext chainrule.notebook``)."""
+    """Register the NameError hint on this IPython shell (``%load_ext chainrule.restart_hint``)."""
     unload_ipython_extension(ipython)
     hint = _RestartHint(ipython)
     _ACTIVE[id(ipython)] = hint

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chainrule.notebook import (
+from chainrule.restart_hint import (
     find_definitions,
     locate_cell,
     missing_name,
@@ -225,7 +225,7 @@ def test_kernel_config_line_loads_the_extension_and_prints_the_hint_before_the_e
     profile.mkdir(parents=True)
     # The same line `make install` writes to .venv/etc/ipython/ipython_kernel_config.py.
     (profile / "ipython_kernel_config.py").write_text(
-        'c.InteractiveShellApp.extensions = ["chainrule.notebook"]\n'
+        'c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]\n'
     )
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"), JPY_SESSION_NAME=str(nb))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
