@@ -74,7 +74,15 @@ EXPECTED = {  # student: (status, {notebook: status})
     "blank": ("graded", {"squares": "graded", "doubles": "graded"}),
     "hidden_fail": ("graded", {"squares": "graded", "doubles": "graded"}),
     "loop": ("failed: timeout (squares)", {"squares": "failed: timeout", "doubles": "graded"}),
-    "kill": ("failed: kernel died (squares)", {"squares": "failed: kernel died"}),
+    "kill": (
+        "flagged: tests did not run as written (squares); code reaches into the kernel or the "
+        "grader (squares)",
+        {
+            "squares": "flagged: tests did not run as written (the kernel died while running "
+            "cell 'square'); code reaches into the kernel or the grader (cell 'square', line 2: "
+            "signals to processes (`os.kill(os.getpid(), 9)`))"
+        },
+    ),
     "memory": ("failed: memory limit (squares)", {"squares": "failed: memory limit"}),
     "corrupt": (
         "failed: corrupt notebook JSON (squares)",
@@ -91,7 +99,7 @@ EXPECTED = {  # student: (status, {notebook: status})
     "huge": ("graded", {"doubles": "graded"}),
     "partial": ("graded", {"squares": "not submitted", "doubles": "graded"}),
 }
-NOT_GRADED = {"kill", "corrupt"}  # nbgrader produced no autograded notebook for these
+NOT_GRADED = {"corrupt"}  # nbgrader produced no autograded notebook for this one
 
 
 @pytest.fixture(scope="module")
@@ -125,15 +133,16 @@ def test_real_zero_is_a_grade_and_a_failure_is_not(graded):
     assert rows["blank"].total == 0 and rows["good"].total == rows["good"].max_score == 4
     assert rows["hidden_fail"].total == 2  # visible test passed, hidden one failed: 1 + 1 of 4
     assert rows["partial"].total == 1  # the notebook not handed in counts as a real zero
-    for student in ("loop", "kill", "memory", "corrupt"):
+    assert rows["kill"].total == 1  # the tests after the kernel died earned nothing
+    for student in ("loop", "memory", "corrupt"):
         assert rows[student].total is None
     with result.summary_csv.open() as handle:
         lines = {(r["student"], r["notebook"]): r for r in csv.DictReader(handle)}
     blank = lines[("blank", "squares")]
     assert blank["score"] == "0" and blank["status"] == "graded"
-    assert lines[("kill", "squares")]["score"] == ""
-    assert lines[("kill", "squares")]["status"] == "failed: kernel died"
-    assert "DeadKernelError" in lines[("kill", "squares")]["detail"]
+    assert lines[("kill", "squares")]["score"] == "0"
+    assert lines[("kill", "squares")]["status"].startswith("flagged: tests did not run as written")
+    assert lines[("memory", "squares")]["score"] == ""
 
 
 def test_the_terminal_summary_and_progress(graded):
@@ -206,9 +215,11 @@ def test_grades_export_to_csv(graded):
 def test_failed_notebooks_are_flagged_for_review_in_the_gradebook(graded):
     course, _, _ = graded
     book = snapshot(f"sqlite:///{course.root / 'gradebook.db'}", "autograd-distributed", "tiny")
-    kill = book["kill"]["notebooks"]["squares"]
-    assert kill["flagged"] and all(g["needs_manual_grade"] for g in kill["grades"].values())
-    assert all(g["auto_score"] is None for g in kill["grades"].values())
+    corrupt = book["corrupt"]["notebooks"]["squares"]  # not graded at all
+    assert corrupt["flagged"] and all(g["needs_manual_grade"] for g in corrupt["grades"].values())
+    assert all(g["auto_score"] is None for g in corrupt["grades"].values())
+    kill = book["kill"]["notebooks"]["squares"]  # graded; the tests that did not run earned 0
+    assert kill["flagged"] and all(g["auto_score"] == 0 for g in kill["grades"].values())
     loop = book["loop"]["notebooks"]["squares"]  # graded, but a cell hit the time limit
     assert loop["flagged"] and loop["grades"]["test_cube"]["auto_score"] == 1
     good = book["good"]["notebooks"]["squares"]

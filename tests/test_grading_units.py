@@ -27,7 +27,7 @@ from chainrule.grading.outcomes import (
     StudentOutcome,
     classify_failure,
 )
-from chainrule.grading.sandbox import run_limited
+from chainrule.grading.child import run_limited
 from chainrule.grading.tamper import ReleasedCell, find_restored_cells
 from grading_course import HIDDEN_MARKER
 

@@ -25,12 +25,15 @@ notebook, and not a library function under a new name.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from chainrule.judging.source_scan import Finding, definitions, library_uses
 
 NOTEBOOK_MODULE = "__main__"
 """The ``__module__`` of a function or class defined in a notebook cell."""
@@ -280,7 +283,52 @@ def expect_choice(value: Any, options: Mapping[str, Any], what: str) -> None:
     raise AssertionError(f"{what} must be one of {listed}; received {value!r}.")
 
 
+# -- helpers that run next to the student's code -------------------------------------------------
+
+
+def in_student_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a test helper that runs the student's code and returns plain values.
+
+    In a notebook (Validate, or plain nbgrader) this returns ``function`` unchanged. When the
+    course's grader grades, test cells run in the grader's own process (:mod:`chainrule.judging`)
+    and a helper marked so is sent to the student's kernel each time it is called, to run next
+    to the student's code (on ranks, say); only its return value comes back, as numbers,
+    strings, arrays, lists, tuples and dicts. Keep every comparison outside such a helper.
+    """
+    from chainrule.judging.judge import CURRENT
+
+    judge = CURRENT.get()
+    return function if judge is None else judge.in_student_kernel(function)
+
+
 # -- assertions on where code comes from ---------------------------------------------------------
+
+
+def _is_remote(obj: Any) -> bool:
+    """Whether ``obj`` is a grader's reference to an object of the student's notebook."""
+    return bool(getattr(type(obj), "__judge_remote__", False))
+
+
+def _student_cells() -> list[tuple[str, str]]:
+    """``(label, source)`` of every cell the student wrote, in the notebook being judged."""
+    from chainrule.judging.judge import CURRENT
+
+    judge = CURRENT.get()
+    return [] if judge is None else [(c.label, c.source) for c in judge.student_cells]
+
+
+def _own_source(obj: Any) -> list[tuple[str, str]]:
+    """The source of ``obj`` (a function or class of the notebook) as one labelled cell."""
+    try:
+        return [("defining " + getattr(obj, "__name__", "it"), inspect.getsource(obj))]
+    except (OSError, TypeError):
+        return []
+
+
+def _raise_library_use(what: str, findings: Sequence[Finding], advice: str) -> None:
+    if findings:
+        places = "; ".join(f.describe() for f in findings[:3])
+        raise AssertionError(f"{what} must be your own code, but your notebook {places}. {advice}")
 
 
 def _module_name(obj: Any) -> str:
@@ -332,14 +380,34 @@ def library_references(function: Callable[..., Any], library: Sequence[str]) -> 
     return sorted(set(found))
 
 
+def _expect_defined_in_cells(name: str, what: str, kind: type[ast.AST], shape: str) -> ast.AST:
+    """The last top-level binding of ``name`` in the student's cells, which must be ``kind``."""
+    found = definitions(_student_cells(), name)
+    if not found:
+        raise AssertionError(f"{what}: no cell of yours defines {name}; {shape}.")
+    label, node = found[-1]
+    if not isinstance(node, kind):
+        raise AssertionError(
+            f"{what}: your cell {label} binds {name} without writing it ({shape} instead)."
+        )
+    return node
+
+
 def expect_own_function(
     function: Any, what: str, library: Sequence[str], module: str = NOTEBOOK_MODULE
 ) -> None:
     """Assert that ``function`` is a function written in the notebook, not one of ``library``.
 
-    It must be a plain Python function whose ``__module__`` is ``module`` (a notebook cell) and
-    that does not call into the ``library`` modules (the library's own solution).
+    It must be a plain Python function defined with ``def`` in a notebook cell, and no cell of
+    the student's may use the ``library`` modules (the library's own solution): not at the top
+    of a cell, not inside the function, under no alias.
     """
+    advice = "Write it yourself from the collectives of chainrule.dist."
+    if _is_remote(function):
+        name = function.remote_path.split(".")[-1]
+        _expect_defined_in_cells(name, what, ast.FunctionDef, "define it with `def`")
+        _raise_library_use(what, library_uses(_student_cells(), library), advice)
+        return
     if not isinstance(function, types.FunctionType):
         raise AssertionError(
             f"{what} must be a function defined with `def` in the solution cell; received "
@@ -356,6 +424,7 @@ def expect_own_function(
             f"{what} calls the library's solution ({', '.join(references)}): write it yourself "
             "from the collectives of chainrule.dist."
         )
+    _raise_library_use(what, library_uses(_own_source(function), library), advice)
 
 
 def graph_vjp_modules(output: Any, stop: Any = None) -> list[str]:
@@ -408,6 +477,15 @@ def expect_own_autograd_function(
     ``torch.autograd.Function`` (so not a subclass of the library's), with its own ``forward``
     and ``backward`` written in the notebook, neither of which calls into ``library``.
     """
+    advice = "Use torch.distributed yourself."
+    if _is_remote(cls):
+        name = cls.remote_path.split(".")[-1]
+        node = _expect_defined_in_cells(name, what, ast.ClassDef, f"write `class {name}(...)`")
+        assert isinstance(node, ast.ClassDef)
+        _expect_autograd_class_shape(node, what)
+        _raise_library_use(what, library_uses(_student_cells(), library), advice)
+        return
+
     import torch
 
     if not isinstance(cls, type):
@@ -443,4 +521,25 @@ def expect_own_autograd_function(
             raise AssertionError(
                 f"{what}.{method} calls the library's solution ({', '.join(references)}): "
                 "use torch.distributed yourself."
+            )
+        _raise_library_use(f"{what}.{method}", library_uses(_own_source(function), library), advice)
+
+
+def _expect_autograd_class_shape(node: ast.ClassDef, what: str) -> None:
+    """The syntax of ``class X(torch.autograd.Function)`` with static forward and backward."""
+    bases = [ast.unparse(base) for base in node.bases]
+    if len(bases) != 1 or not (bases[0].endswith("autograd.Function") or bases[0] == "Function"):
+        raise AssertionError(
+            f"{what} must subclass torch.autograd.Function directly; its bases are "
+            f"{', '.join(bases) or 'none'}."
+        )
+    methods = {item.name: item for item in node.body if isinstance(item, ast.FunctionDef)}
+    for method in ("forward", "backward"):
+        item = methods.get(method)
+        static = item is not None and any(
+            ast.unparse(d).endswith("staticmethod") for d in item.decorator_list
+        )
+        if not static:
+            raise AssertionError(
+                f"{what}.{method} must be written in {what} itself as a @staticmethod."
             )

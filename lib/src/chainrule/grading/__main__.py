@@ -3,7 +3,8 @@
 ``python -m chainrule.grading batch <assignment> [--workers N] [--timeout-per-submission S]
 [--memory-limit-mb M] [--student ID ...] [--config-file F] [--Class.trait=value ...]``
 grades, flags, gives feedback, exports and summarises (exit 0 when every notebook was graded,
-3 when some could not be, 2 when the assignment is not in the gradebook).
+3 when some could not be, 2 when the assignment is not in the gradebook, 4 when there is no
+sandbox and ``--no-sandbox`` was not given).
 
 ``python -m chainrule.grading validate <notebook.ipynb> [--course-root DIR]``
 validates with nbgrader's Validator and exits 1 when a test fails (0 when all pass).
@@ -20,6 +21,7 @@ from chainrule.grading.batch import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, BatchO
 
 EXIT_USAGE = 2
 EXIT_NOT_ALL_GRADED = 3
+EXIT_NO_SANDBOX = 4
 
 
 def _limit(text: str) -> float | None:
@@ -65,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--config-file", action="append", default=[], help="extra nbgrader config")
     batch.add_argument("--out", type=Path, help="output folder (default grades/<assignment>)")
     batch.add_argument("--no-feedback", action="store_true", help="skip generate_feedback")
+    batch.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="grade without the bubblewrap sandbox (where it cannot run); the summary then says "
+        "the grades were not isolated from the students' code",
+    )
 
     validate = sub.add_parser(
         "validate", help="validate a notebook; exit 1 when a test fails", epilog=overrides
@@ -97,12 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides=overrides,
         out_dir=args.out,
         feedback=not args.no_feedback,
+        sandbox=not args.no_sandbox,
     )
+    from chainrule.grading.batch import SandboxUnavailable
+
     try:
         result = run_batch(options)
     except LookupError as error:  # the assignment was never generated
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except SandboxUnavailable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_NO_SANDBOX
     return 0 if result.all_graded else EXIT_NOT_ALL_GRADED
 
 

@@ -3,9 +3,12 @@
 ``python -m chainrule.grading batch <assignment>`` (see :mod:`chainrule.grading.__main__`) calls
 :func:`run_batch`, which
 
-1. grades every submission in ``submitted/*/<assignment>``, each in a child process with a
-   wall-clock and a memory limit, one after another or with ``workers`` parallel workers,
-   printing one line per student as it finishes;
+1. snapshots every submission in ``submitted/*/<assignment>`` (:mod:`.snapshot`) and grades
+   the snapshots, each in a child process with a wall-clock and a memory limit, one after
+   another or with ``workers`` parallel workers, printing one line per student as it finishes;
+   every kernel runs in the bubblewrap sandbox (:mod:`.sandbox`) and the test cells run in the
+   grader (:mod:`.execute`). Without bubblewrap the batch refuses to grade unless
+   ``sandbox=False`` (``--no-sandbox``), and its summary then says the grades were not isolated;
 2. flags failed notebooks in the gradebook for review (:func:`gradebooks.flag_failed`);
 3. generates feedback for every graded student with the hidden tests stripped, and removes stale
    feedback of students whose submission could not be graded;
@@ -30,6 +33,8 @@ from chainrule.grading.gradebooks import assignment_notebooks, flag_failed
 from chainrule.grading.grader import GradingJob, GradingTarget, Progress, grade_student_safely
 from chainrule.grading.outcomes import StudentOutcome
 from chainrule.grading.parallel import grade_in_parallel
+from chainrule.grading.sandbox import sandbox_problem
+from chainrule.grading.snapshot import take_snapshots
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MEMORY_MB = 4096
@@ -49,6 +54,7 @@ class BatchOptions:
     overrides: list[str] = field(default_factory=list)
     out_dir: Path | None = None
     feedback: bool = True
+    sandbox: bool = True
 
 
 @dataclass
@@ -64,6 +70,7 @@ class BatchResult:
     summary_json: Path
     summary_txt: Path
     feedback_errors: dict[str, str] = field(default_factory=dict)
+    isolated: bool = True
 
     @property
     def all_graded(self) -> bool:
@@ -96,7 +103,19 @@ def make_job(options: BatchOptions, out_dir: Path) -> GradingJob:
         memory_limit_mb=options.memory_limit_mb,
         config_files=[str(Path(p).resolve()) for p in options.config_files],
         overrides=list(options.overrides),
+        isolate=options.sandbox,
+        snapshots=out_dir / "snapshots",
     )
+
+
+class SandboxUnavailable(RuntimeError):
+    """Kernels cannot be sandboxed here and ``--no-sandbox`` was not given."""
+
+
+NOT_ISOLATED = (
+    "NOT ISOLATED: graded with --no-sandbox, so the students' code ran unconfined and these "
+    "grades cannot be vouched for"
+)
 
 
 def grade_all(
@@ -142,6 +161,10 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
     Progress and the summary go to ``stream`` (standard output by default).
     """
     stream = stream or sys.stdout
+    if options.sandbox:
+        problem = sandbox_problem()
+        if problem:
+            raise SandboxUnavailable(f"refusing to grade without a sandbox: {problem}")
     root = Path(options.course_root).resolve()
     out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
     job = make_job(options, out_dir)
@@ -149,12 +172,20 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
     print(
         f"Grading {options.assignment}: {len(students)} submissions, "
         f"{max(1, options.workers)} worker(s), limits {options.timeout_per_submission} s and "
-        f"{options.memory_limit_mb} MB per submission",
+        f"{options.memory_limit_mb} MB per submission, "
+        + ("each kernel in a sandbox" if options.sandbox else NOT_ISOLATED),
         file=stream,
         flush=True,
     )
+    snapshots = take_snapshots(job.layout.submitted, options.assignment, students, job.snapshots)
     progress = Progress(len(students), stream, max([len(s) for s in students] + [8]))
     outcomes = grade_all(job, students, options.workers, progress)
+    for outcome in outcomes:
+        for notebook in outcome.notebooks:
+            notebook.reaches_into_grader += [
+                f"the submission's {name} is not a regular file and was left out"
+                for name in snapshots.skipped.get(outcome.student, [])
+            ]
     layout = job.layout
     flag_failed(layout.db_url, layout.course_id, options.assignment, outcomes)
     feedback_errors = refresh_feedback(job, outcomes) if options.feedback else {}
@@ -163,6 +194,8 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         layout.db_url, layout.course_id, options.assignment, outcomes
     )
     text = summary.render(options.assignment, names, rows)
+    if not options.sandbox:
+        text = f"{NOT_ISOLATED}\n{text}"
     for student, error in feedback_errors.items():
         text += f"  feedback for {student} failed: {error.strip().splitlines()[-1:]}\n"
     summary_txt = out_dir / "summary.txt"
@@ -178,4 +211,5 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         summary_json=summary.write_json(rows, options.assignment, out_dir / "summary.json"),
         summary_txt=summary_txt,
         feedback_errors=feedback_errors,
+        isolated=options.sandbox,
     )

@@ -38,7 +38,8 @@ def assignment_notebooks(db_url: str, course_id: str, assignment: str) -> list[s
         except MissingEntry:
             raise LookupError(
                 f"assignment {assignment!r} is not in the gradebook {db_url}: "
-                f"run `nbgrader generate_assignment {assignment}` first"
+                f"generate it first with `make release ASSIGNMENT={assignment}` (that is "
+                f"`nbgrader generate_assignment {assignment} --force`)"
             ) from None
 
 
@@ -140,22 +141,25 @@ def snapshot(db_url: str, course_id: str, assignment: str) -> dict[str, Any]:
 def flag_failed(
     db_url: str, course_id: str, assignment: str, outcomes: Iterable[StudentOutcome]
 ) -> None:
-    """Mark failed notebooks in the gradebook so the formgrader lists them for review.
+    """Mark failed and flagged notebooks in the gradebook so the formgrader lists them.
 
     A failed notebook is flagged and its grades need manual grading; one that was not graded
     at all also loses any auto score left from an earlier run, since that is not this
-    submission's score.
+    submission's score. A notebook that was graded but flagged (tests that did not run as
+    written, code that reaches into the grader) is flagged and keeps its scores.
     """
     with Gradebook(db_url, course_id) as gb:
         for outcome in outcomes:
             for nb_outcome in outcome.notebooks:
-                if not nb_outcome.failed:
+                if not (nb_outcome.failed or nb_outcome.flags):
                     continue
                 try:
                     nb = gb.find_submission_notebook(nb_outcome.name, assignment, outcome.student)
                 except MissingEntry:
                     continue
                 nb.flagged = True
+                if not nb_outcome.failed:
+                    continue
                 for grade in nb.grades:
                     grade.needs_manual_grade = True
                     if not nb_outcome.graded:

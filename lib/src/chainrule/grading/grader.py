@@ -1,7 +1,7 @@
 """Grade one student's submission in an isolated, limited child process.
 
 :func:`grade_student` removes any earlier autograded copy, runs
-:mod:`chainrule.grading.worker` through :func:`chainrule.grading.sandbox.run_limited`, and turns
+:mod:`chainrule.grading.worker` through :func:`chainrule.grading.child.run_limited`, and turns
 the worker's record (plus how the child ended) into a :class:`StudentOutcome`. A notebook the
 record does not cover was cut off: by the wall-clock limit (``timeout``), or by the child dying.
 If any notebook ended without an autograded notebook, the student's whole
@@ -20,6 +20,7 @@ from typing import TextIO
 
 from traitlets.config import Config
 
+from chainrule.grading.child import LimitedRun, run_limited
 from chainrule.grading.config import CourseLayout
 from chainrule.grading.outcomes import (
     GRADER_CRASHED,
@@ -28,7 +29,6 @@ from chainrule.grading.outcomes import (
     NotebookOutcome,
     StudentOutcome,
 )
-from chainrule.grading.sandbox import LimitedRun, run_limited
 from chainrule.grading.worker import read_record
 
 WORKER = "chainrule.grading.worker:main"
@@ -57,6 +57,8 @@ class GradingJob:
     memory_limit_mb: int | None
     config_files: list[str] = field(default_factory=list)
     overrides: list[str] = field(default_factory=list)
+    isolate: bool = True
+    snapshots: Path | None = None
 
     def autograded_dir(self, student: str, target: GradingTarget) -> Path:
         """The folder the worker writes this student's autograded notebooks to."""
@@ -73,6 +75,12 @@ class GradingJob:
             argv += ["--db-url", target.db_url]
         if target.autograded:
             argv += ["--autograded-dir", str(target.autograded)]
+        if self.snapshots:
+            argv += ["--submitted-dir", str(self.snapshots)]
+        if self.memory_limit_mb:
+            argv += ["--memory-limit-mb", str(self.memory_limit_mb)]
+        if not self.isolate:
+            argv += ["--no-sandbox"]
         return argv + list(self.overrides)
 
 

@@ -1,9 +1,12 @@
-"""What happened to each submission: graded, graded with restored test cells, or not graded.
+"""What happened to each submission: graded, graded but flagged, or not graded.
 
 nbgrader's export shows a submission that could not be graded as 0, the same as a real zero.
 The pipeline keeps its own record instead: one :class:`NotebookOutcome` per notebook and one
 :class:`StudentOutcome` per student, whose ``status`` reads ``graded``, ``graded: test cells
-restored (...)`` or ``failed: <reason>``. A failed notebook's score is not a grade.
+restored (...)``, ``flagged: <reason>`` or ``failed: <reason>``. A failed notebook's score is
+not a grade. A flagged one is: every point in it was earned by a test that ran as written, but
+something needs the instructor's eyes. Some tests did not run as written (they earned nothing),
+or the student's code reaches into the kernel or the grader.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ INVALID_NOTEBOOK = "invalid notebook"
 MEMORY_LIMIT = "memory limit"
 GRADER_CRASHED = "grader crashed"
 GRADING_ERROR = "grading error"
+NOT_AS_WRITTEN = "tests did not run as written"
+REACHES_INTO_GRADER = "code reaches into the kernel or the grader"
 
 #: (pattern in nbgrader's log or traceback, reason), first match wins: a corrupt file is
 #: reported before the exception it causes, memory before the dead kernel it can cause.
@@ -94,6 +99,8 @@ class NotebookOutcome:
     detail: str = ""
     restored: RestoredCells = field(default_factory=RestoredCells)
     seconds: float = 0.0
+    not_as_written: list[str] = field(default_factory=list)
+    reaches_into_grader: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> bool:
@@ -101,12 +108,25 @@ class NotebookOutcome:
         return self.reason is not None
 
     @property
+    def flags(self) -> list[str]:
+        """Why the instructor should look at this notebook although it was graded."""
+        flags = []
+        if self.not_as_written:
+            flags.append(f"{NOT_AS_WRITTEN} ({self.not_as_written[0]})")
+        if self.reaches_into_grader:
+            flags.append(f"{REACHES_INTO_GRADER} ({self.reaches_into_grader[0]})")
+        return flags
+
+    @property
     def status(self) -> str:
-        """``graded``, ``not submitted``, ``graded: test cells restored (...)``, ``failed: ...``."""
+        """``graded``, ``not submitted``, ``graded: test cells restored (...)``,
+        ``flagged: ...`` or ``failed: ...``."""
         if self.reason is not None:
             return f"failed: {self.reason}"
         if not self.submitted:
             return "not submitted"
+        if self.flags:
+            return "flagged: " + "; ".join(self.flags)
         if self.restored:
             return f"graded: test cells restored ({self.restored.describe()})"
         return "graded"
@@ -115,12 +135,13 @@ class NotebookOutcome:
         """A JSON-ready record (status included)."""
         record = asdict(self)
         record["status"] = self.status
+        record["flags"] = self.flags
         return record
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> NotebookOutcome:
         """Inverse of :meth:`to_dict`."""
-        fields = {k: v for k, v in record.items() if k != "status"}
+        fields = {k: v for k, v in record.items() if k not in ("status", "flags")}
         fields["restored"] = RestoredCells(**fields.get("restored", {}))
         return cls(**fields)
 
@@ -146,14 +167,27 @@ class StudentOutcome:
         return all(nb.graded or not nb.submitted for nb in self.notebooks)
 
     @property
+    def flagged(self) -> bool:
+        """Whether any notebook is flagged for the instructor."""
+        return any(nb.flags for nb in self.notebooks)
+
+    @property
     def status(self) -> str:
-        """The student's line in the summary: the first failure, else restorations, else graded."""
+        """The student's line in the summary: the first failure, else flags, else
+        restorations, else graded."""
         failures = [nb for nb in self.notebooks if nb.failed]
         if failures:
             reasons: dict[str, list[str]] = {}
             for nb in failures:
                 reasons.setdefault(nb.reason or "", []).append(nb.name)
             return "failed: " + "; ".join(f"{r} ({', '.join(n)})" for r, n in reasons.items())
+        flagged = [nb for nb in self.notebooks if nb.flags]
+        if flagged:
+            kinds: dict[str, list[str]] = {}
+            for nb in flagged:
+                for flag in nb.flags:
+                    kinds.setdefault(flag.split(" (")[0], []).append(nb.name)
+            return "flagged: " + "; ".join(f"{k} ({', '.join(n)})" for k, n in kinds.items())
         restored = [nb for nb in self.notebooks if nb.restored]
         if restored:
             what = "; ".join(f"{nb.name}: {nb.restored.describe()}" for nb in restored)

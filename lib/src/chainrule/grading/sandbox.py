@@ -1,160 +1,243 @@
-"""Run one grading job in a child process under a wall-clock limit and a memory limit.
+"""The sandbox a student's kernel runs in at grading time: bubblewrap, and what it may see.
 
-nbgrader has no whole-notebook time limit and no memory limit, and a kernel it starts lives in a
-session of its own. So each submission is graded in a child process that first caps its own
-address space (``RLIMIT_AS``, inherited by every kernel it starts: an allocation past the cap
-raises a clean ``MemoryError`` instead of waking the OOM killer), and the parent kills the
-child's whole process tree, kernels included, when the wall clock runs out.
+Every grading kernel is started through bubblewrap (``bwrap``, Debian package ``bubblewrap``),
+the unprivileged sandbox that Flatpak builds on. It is a small, well-kept tool that uses the
+kernel's own namespaces, and it needs no daemon and no set-uid helper when started as root
+or where user namespaces are allowed. Inside, the kernel
 
-Children are forked from a ``multiprocessing`` fork server that has imported nbgrader once:
-importing nbgrader costs seconds of CPU, more than grading a small notebook. The cap is set in the
-child itself, right after the fork, which is what ``preexec_fn`` would do without its thread
-hazards (the parallel grader starts children from several threads).
+- sees only the read-only Python environment (interpreter, virtual environment, the course
+  library), a minimal ``/etc``, a private copy of this student's own submission as its home
+  and working folder, a private ``/tmp``, and the folder of its connection sockets: no
+  ``source/``, ``release/``, gradebook, exchange, other students' folders, course
+  configuration or real home directory;
+- runs as uid 65534 ("nobody") in a user namespace, with every capability dropped;
+- has its own PID namespace (everything it starts dies with it), network namespace (only its
+  own loopback: no network, and no port it opens can collide with another kernel's), IPC,
+  UTS and cgroup namespaces;
+- has a hard address-space limit (``prlimit``), which it cannot raise.
+
+Its channels use Jupyter's IPC transport (Unix sockets in a folder both sides see), since no
+TCP port of a kernel in its own network namespace can be reached from outside.
 """
 
 from __future__ import annotations
 
-import importlib
-import multiprocessing
 import os
-import resource
+import shutil
+import subprocess
 import sys
-import threading
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import psutil
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import Any as AnyTrait
 
-#: Modules the fork server imports once, so that each grading child starts warm.
-PRELOAD = ("chainrule.grading.preload",)
+BWRAP = "bwrap"
+SANDBOX_UID = 65534
+#: Where the private copy of the submission appears inside the sandbox.
+HOME_INSIDE = "/home/student"
+#: System folders the interpreter and its libraries need, read-only (symlinks stay symlinks).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: Files of the host's /etc that dynamic linking and locales read; nothing else of /etc shows.
+ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/nsswitch.conf")
 
-_context_lock = threading.Lock()
-_context: multiprocessing.context.BaseContext | None = None
-
-
-def _fork_context() -> multiprocessing.context.BaseContext:
-    """The fork-server context, with nbgrader preloaded (plain fork where there is no server)."""
-    global _context
-    with _context_lock:
-        if _context is None:
-            if "forkserver" in multiprocessing.get_all_start_methods():
-                context = multiprocessing.get_context("forkserver")
-                context.set_forkserver_preload(list(PRELOAD))
-            else:
-                context = multiprocessing.get_context("spawn")
-            _context = context
-        return _context
+INSTALL_HINT = (
+    "bubblewrap (bwrap) is needed to grade in a sandbox: on Debian or Ubuntu "
+    "`apt-get install bubblewrap`, on Fedora `dnf install bubblewrap`; where it cannot run "
+    "(macOS, a container without user namespaces) grade with --no-sandbox, and the grades "
+    "are then not isolated from the students' code"
+)
 
 
-def apply_memory_limit(megabytes: int | None) -> None:
-    """Cap this process's address space (and its future children's) at ``megabytes`` MiB."""
-    if not megabytes:
-        return
-    limit = int(megabytes) * 1024 * 1024
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-
-
-@dataclass(frozen=True)
-class LimitedRun:
-    """How a limited child ended: exit status (``None`` if killed for time) and wall time."""
-
-    returncode: int | None
-    timed_out: bool
-    seconds: float
-
-
-def _descendants(pid: int) -> list[psutil.Process]:
-    """The live process and its descendants, plus kernels it started that outlived it.
-
-    A kernel runs in a session of its own and is re-parented when its grader dies, but
-    jupyter_client gives it ``JPY_PARENT_PID``, which its own children inherit too.
-    """
-    family: list[psutil.Process] = []
+def sandbox_problem() -> str | None:
+    """Why kernels cannot be sandboxed here (``None`` when they can)."""
+    if sys.platform != "linux":
+        return f"sandboxing needs Linux namespaces; this is {sys.platform}. {INSTALL_HINT}"
+    if shutil.which(BWRAP) is None:
+        return f"`{BWRAP}` was not found on PATH. {INSTALL_HINT}"
+    probe = [BWRAP, "--unshare-all", "--unshare-user", "--die-with-parent"]
+    probe += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), *_system_binds(), "/bin/true"]
     try:
-        parent = psutil.Process(pid)
-        family = [parent, *parent.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        pass
-    known = {proc.pid for proc in family}
-    for proc in psutil.process_iter():
-        if proc.pid in known:
-            continue
-        try:
-            if proc.environ().get("JPY_PARENT_PID") == str(pid):
-                family.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return family
+        result = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"`{BWRAP}` could not be started ({error}). {INSTALL_HINT}"
+    if result.returncode != 0:
+        return f"`{BWRAP}` cannot create namespaces here: {result.stderr.strip()}. {INSTALL_HINT}"
+    return None
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and every descendant, including kernels in sessions of their own."""
-    family = _descendants(pid)
-    for proc in family:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=5)
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for folder in SYSTEM_DIRS:
+        path = Path(folder)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), folder]
+        elif path.is_dir():
+            args += ["--ro-bind", folder, folder]
+    return args
 
 
-def _child(
-    target: str,
-    argv: list[str],
-    log_path: str,
-    env: dict[str, str],
-    cwd: str,
-    memory_limit_mb: int | None,
-) -> None:
-    """Body of the child: log to ``log_path``, take ``env`` and ``cwd``, cap memory, run."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(cwd)
-    os.setsid()
-    apply_memory_limit(memory_limit_mb)
-    module, function = target.split(":")
-    code = getattr(importlib.import_module(module), function)(argv)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(code or 0))
+def environment_dirs() -> list[str]:
+    """The read-only folders of the Python environment: interpreter, venv, course library."""
+    import chainrule
+
+    folders = {sys.base_prefix, sys.prefix, str(Path(chainrule.__file__).resolve().parents[1])}
+    return sorted(str(Path(f).resolve()) for f in folders)
 
 
-def run_limited(
-    target: str,
-    argv: Sequence[str],
-    timeout_s: float | None,
-    log_path: str | Path,
-    env: Mapping[str, str],
-    cwd: str | Path,
-    memory_limit_mb: int | None = None,
-) -> LimitedRun:
-    """Call ``target`` (``"module:function"``, given ``argv``) in a limited child process.
+def _nested_out(folders: list[str]) -> list[str]:
+    """``folders`` without those inside another one (bwrap binds each once)."""
+    kept: list[str] = []
+    for folder in sorted(folders, key=len):
+        if not any(folder == k or folder.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(folder)
+    return kept
 
-    The child's output goes to ``log_path``; after ``timeout_s`` seconds its process tree is
-    killed. Whatever happens, no descendant survives the call: a kernel left behind by a
-    crashed grader would keep its memory and CPU.
+
+@dataclass
+class KernelSandbox:
+    """How one grading kernel is confined.
+
+    ``home`` is the private copy of the submission (the kernel's home and working folder),
+    ``sockets`` the folder of its connection file and IPC sockets, ``etc`` a folder holding
+    the sandbox's own ``passwd``, ``group`` and ``hosts``. ``memory_limit_mb`` is a hard limit
+    on the address space of every process in it. With ``isolate=False`` (``--no-sandbox``)
+    the kernel runs unconfined, with only the memory limit and a clean environment.
     """
-    start = time.monotonic()
-    proc = _fork_context().Process(
-        target=_child,
-        args=(target, list(argv), str(log_path), dict(env), str(cwd), memory_limit_mb),
-        daemon=False,
-    )
-    proc.start()
-    proc.join(timeout_s)
-    timed_out = proc.exitcode is None
-    kill_tree(proc.pid)
-    proc.join()
-    returncode = None if timed_out else proc.exitcode
-    return LimitedRun(returncode, timed_out, time.monotonic() - start)
+
+    home: Path
+    sockets: Path
+    etc: Path
+    memory_limit_mb: int | None
+    isolate: bool = True
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        """Create the sandbox's own ``/etc`` files (the host's are not shown)."""
+        self.etc.mkdir(parents=True, exist_ok=True)
+        self.sockets.mkdir(parents=True, exist_ok=True)
+        (self.etc / "passwd").write_text(
+            f"student:x:{SANDBOX_UID}:{SANDBOX_UID}:student:{HOME_INSIDE}:/usr/sbin/nologin\n"
+        )
+        (self.etc / "group").write_text(f"student:x:{SANDBOX_UID}:\n")
+        (self.etc / "hosts").write_text(
+            "127.0.0.1 localhost sandbox\n::1 localhost\n::ffff:127.0.0.1 localhost\n"
+        )
+        (self.etc / "hostname").write_text("sandbox\n")
+
+    def kernel_env(self) -> dict[str, str]:
+        """The kernel's whole environment: nothing of the grader's leaks in."""
+        home = HOME_INSIDE if self.isolate else str(self.home)
+        env = {
+            "HOME": home,
+            "USER": "student",
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/bin", "/bin"]),
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp" if self.isolate else str(self.home / ".tmp"),
+            "MPLBACKEND": "Agg",
+            "MPLCONFIGDIR": f"{home}/.config/matplotlib",
+            "IPYTHONDIR": f"{home}/.ipython",
+            "PYTHONSAFEPATH": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        env.update(self.environment)
+        return env
+
+    def wrap(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` (the kernel's command line) started inside the sandbox."""
+        limit = []
+        if self.memory_limit_mb:
+            size = int(self.memory_limit_mb) * 1024 * 1024
+            limit = ["prlimit", f"--as={size}:{size}", "--"]
+        if not self.isolate:
+            return [*limit, *argv]
+        env = [
+            arg for name, value in self.kernel_env().items() for arg in ("--setenv", name, value)
+        ]
+        binds = [arg for folder in _nested_out(environment_dirs()) for arg in _ro(folder)]
+        etc = [
+            arg
+            for name in ("passwd", "group", "hosts", "hostname")
+            for arg in ("--ro-bind", str(self.etc / name), f"/etc/{name}")
+        ]
+        etc += [arg for path in ETC_FILES if Path(path).exists() for arg in _ro(path)]
+        return [
+            *limit,
+            BWRAP,
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_UID),
+            "--hostname",
+            "sandbox",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            *_system_binds(),
+            *binds,
+            *etc,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/dev/shm",
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(self.home),
+            HOME_INSIDE,
+            "--bind",
+            str(self.sockets),
+            str(self.sockets),
+            "--chdir",
+            HOME_INSIDE,
+            "--clearenv",
+            *env,
+            "--",
+            *argv,
+        ]
+
+
+def _ro(path: str) -> list[str]:
+    return ["--ro-bind", path, path]
+
+
+class SandboxedKernelManager(AsyncKernelManager):
+    """A kernel manager that starts its kernel inside a :class:`KernelSandbox`.
+
+    The kernel is interrupted with an ``interrupt_request`` message (a signal to the sandbox's
+    launcher would not reach it) and talks over IPC sockets in ``sandbox.sockets``; its
+    command line gets ``-P`` so that no file of the submission can shadow an installed module.
+    """
+
+    sandbox = AnyTrait(None, help="the KernelSandbox this kernel runs in")
+
+    def __init__(self, sandbox: KernelSandbox, **kwargs: Any) -> None:
+        kwargs.setdefault("transport", "ipc")
+        super().__init__(**kwargs)
+        self.sandbox = sandbox
+        self.connection_file = str(sandbox.sockets / "kernel.json")
+        self.ip = str(sandbox.sockets / "kernel")
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        """The kernel spec's command, with ``python -P``, wrapped in the sandbox."""
+        assert self.kernel_spec is not None
+        self.kernel_spec.interrupt_mode = "message"
+        argv = super().format_kernel_cmd(extra_arguments)
+        if Path(argv[0]).name.startswith("python") and "-P" not in argv[1:2]:
+            argv = [argv[0], "-P", *argv[1:]]
+        return self.sandbox.wrap(argv)
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        """Launch with the sandbox's environment, not the grader's."""
+        kw["env"] = (
+            self.sandbox.kernel_env() if not self.sandbox.isolate else {"PATH": "/usr/bin:/bin"}
+        )
+        kw["cwd"] = str(self.sandbox.home)
+        await super()._async_launch_kernel(kernel_cmd, **kw)

@@ -79,7 +79,7 @@ def notebook_cell(row: SummaryRow, name: str) -> str:
     if not outcome.submitted:
         return "missing"
     score = row.scores[name]
-    mark = "*" if outcome.restored else ""
+    mark = "!" if outcome.flags else "*" if outcome.restored else ""
     return f"{_number(score.score)}/{score.max_score:g}{mark}"
 
 
@@ -132,29 +132,37 @@ def notebook_table(names: Sequence[str], rows: Sequence[SummaryRow]) -> list[str
 
 
 def problem_lines(rows: Sequence[SummaryRow]) -> list[str]:
-    """One line per failed or restored notebook, with nbgrader's error in full."""
+    """One line per failed, flagged or restored notebook, with the whole reason."""
     lines = []
     for row in rows:
         for nb in row.outcome.notebooks:
             if nb.failed or nb.restored:
                 detail = f" — {nb.detail}" if nb.detail else ""
                 lines.append(f"  {row.outcome.student}/{nb.name}: {nb.status}{detail}")
+            for reason in nb.not_as_written:
+                lines.append(
+                    f"  {row.outcome.student}/{nb.name}: test did not run as written: {reason}"
+                )
+            for reason in nb.reaches_into_grader:
+                lines.append(f"  {row.outcome.student}/{nb.name}: {reason}")
     return lines
 
 
 def render(assignment: str, names: Sequence[str], rows: Sequence[SummaryRow]) -> str:
     """The whole summary as terminal text."""
     failed = sum(1 for row in rows if row.outcome.failed)
+    flagged = sum(1 for row in rows if row.outcome.flagged and not row.outcome.failed)
     lines = [
         f"Grading summary for {assignment}: {len(rows)} submissions, "
-        f"{len(rows) - failed} graded, {failed} with notebooks NOT graded",
+        f"{len(rows) - failed} graded ({flagged} of them flagged for review), "
+        f"{failed} with notebooks NOT graded",
         "",
         *student_table(names, rows),
         "",
         *notebook_table(names, rows),
         "",
         "FAILED = not graded (nbgrader's export shows 0); — = no total; "
-        "* = graded with test cells restored",
+        "* = graded with test cells restored; ! = graded and flagged (see Details)",
     ]
     problems = problem_lines(rows)
     if problems:

@@ -1,11 +1,13 @@
 """``python -m chainrule.grading.worker``: autograde one student's submission, notebook by notebook.
 
 The batch grader starts this module once per student in a child process (see
-:mod:`chainrule.grading.sandbox`). It caps its own memory, then runs nbgrader's ``Autograde`` one
+:mod:`chainrule.grading.child`). It caps its own memory, then runs nbgrader's ``Autograde`` one
 notebook at a time, so that a notebook that kills its kernel or loops forever costs only itself,
-and classifies each notebook's outcome (:mod:`chainrule.grading.outcomes`). After every notebook it
-rewrites a JSON record, so that if the parent has to kill it the record still says which
-notebooks were finished and which one was running.
+and classifies each notebook's outcome (:mod:`chainrule.grading.outcomes`). nbgrader's
+``Execute`` is replaced by :class:`~chainrule.grading.execute.JudgedExecute`: the student's
+cells run in a sandboxed kernel that sees only a private copy of the student's snapshot, and
+the test cells run here. After every notebook it rewrites a JSON record, so that if the parent
+has to kill it the record still says which notebooks were finished and which one was running.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
 from traitlets.config import Config
 
+from chainrule.grading.child import apply_memory_limit
 from chainrule.grading.config import CourseLayout, load_config
+from chainrule.grading.execute import JudgedExecute
 from chainrule.grading.gradebooks import assignment_notebooks
 from chainrule.grading.limits import with_output_size_limit
 from chainrule.grading.outcomes import (
@@ -31,8 +36,17 @@ from chainrule.grading.outcomes import (
     RestoredCells,
     classify_failure,
 )
-from chainrule.grading.sandbox import apply_memory_limit
 from chainrule.grading.tamper import find_restored_cells, released_cells
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """How this worker confines kernels: the sandbox on or off, the memory limit, and the
+    folder where :class:`JudgedExecute` writes its reports."""
+
+    isolate: bool
+    memory_limit_mb: int | None
+    reports: Path
 
 
 def detect_restored(
@@ -52,21 +66,46 @@ def detect_restored(
     return find_restored_cells(nb, released)
 
 
-def run_autograde(config: Config, assignment: str, student: str, notebook: str) -> dict[str, Any]:
-    """nbgrader's ``Autograde`` for one notebook: ``{"success", "log", "error"}`` like its API."""
+def judged_preprocessors(preprocessors: list[Any]) -> list[Any]:
+    """nbgrader's autograde preprocessors, with the judge in place of ``Execute``."""
+    from nbgrader.preprocessors import Execute
+
+    judged = [JudgedExecute if p is Execute else p for p in preprocessors]
+    return with_output_size_limit(judged)
+
+
+def run_autograde(
+    config: Config, assignment: str, student: str, notebook: str, judging: Config
+) -> dict[str, Any]:
+    """nbgrader's ``Autograde`` for one notebook: ``{"success", "log", "error"}`` like its API.
+
+    ``judging`` is the :class:`JudgedExecute` configuration of this notebook (the submission's
+    folder, the sandbox, the report file).
+    """
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
     from nbgrader.utils import capture_log
 
+    config = Config(config)
+    config.merge(judging)
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id = assignment
     coursedir.student_id = student
     coursedir.notebook_id = notebook
     app = Autograde(coursedir=coursedir, config=config)
-    app.autograde_preprocessors = with_output_size_limit(list(app.autograde_preprocessors))
+    app.autograde_preprocessors = judged_preprocessors(list(app.autograde_preprocessors))
     app.force = True
     app.create_student = True
     return capture_log(app)
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    """What :class:`JudgedExecute` reported for one notebook (empty if it wrote nothing)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
 
 
 def limit_hit(autograded: Path) -> tuple[str | None, str]:
@@ -81,16 +120,35 @@ def limit_hit(autograded: Path) -> tuple[str | None, str]:
 
 
 def grade_notebook(
-    layout: CourseLayout, config: Config, assignment: str, student: str, notebook: str
+    layout: CourseLayout,
+    config: Config,
+    assignment: str,
+    student: str,
+    notebook: str,
+    sandbox: SandboxOptions,
 ) -> NotebookOutcome:
     """Autograde one notebook and say how it went."""
-    submitted = layout.submission_dir(student, assignment) / f"{notebook}.ipynb"
+    folder = layout.submission_dir(student, assignment)
+    submitted = folder / f"{notebook}.ipynb"
     if not submitted.exists():
         return NotebookOutcome(notebook, submitted=False)
     start = time.monotonic()
     restored = detect_restored(layout, config, assignment, notebook, submitted)
-    result = run_autograde(config, assignment, student, notebook)
-    outcome = NotebookOutcome(notebook, restored=restored)
+    report_file = sandbox.reports / f"{student}.{notebook}.json"
+    report_file.unlink(missing_ok=True)
+    judging = Config()
+    judging.JudgedExecute.submission = str(folder)
+    judging.JudgedExecute.isolate = sandbox.isolate
+    judging.JudgedExecute.memory_limit_mb = sandbox.memory_limit_mb or 0
+    judging.JudgedExecute.report_file = str(report_file)
+    result = run_autograde(config, assignment, student, notebook, judging)
+    report = read_report(report_file)
+    outcome = NotebookOutcome(
+        notebook,
+        restored=restored,
+        not_as_written=[str(r) for r in report.get("not_as_written", [])],
+        reaches_into_grader=[str(r) for r in report.get("reaches_into_grader", [])],
+    )
     autograded = layout.autograded_dir(student, assignment) / f"{notebook}.ipynb"
     if result.get("success") and autograded.exists():
         outcome.graded = True
@@ -145,7 +203,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--config-file", action="append", default=[])
     parser.add_argument("--db-url")
     parser.add_argument("--autograded-dir")
+    parser.add_argument("--submitted-dir")
     parser.add_argument("--memory-limit-mb", type=int)
+    parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--reports", type=Path)
     return parser.parse_known_args(argv)
 
 
@@ -159,11 +220,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.CourseDirectory.db_url = args.db_url
     if args.autograded_dir:
         config.CourseDirectory.autograded_directory = args.autograded_dir
+    if args.submitted_dir:
+        config.CourseDirectory.submitted_directory = args.submitted_dir
     layout = CourseLayout.from_config(config)
     record = WorkerRecord(args.record, args.student)
+    sandbox = SandboxOptions(
+        isolate=not args.no_sandbox,
+        memory_limit_mb=args.memory_limit_mb,
+        reports=args.reports or args.record.parent,
+    )
     for notebook in assignment_notebooks(layout.db_url, layout.course_id, args.assignment):
         record.start(notebook)
-        outcome = grade_notebook(layout, config, args.assignment, args.student, notebook)
+        outcome = grade_notebook(layout, config, args.assignment, args.student, notebook, sandbox)
         logging.info("%s/%s: %s %s", args.student, notebook, outcome.status, outcome.detail)
         record.finish(outcome)
     return 0

@@ -1,0 +1,383 @@
+"""How a notebook's cells run when it is graded, and when a student validates it.
+
+:class:`JudgedExecute` takes the place of nbgrader's ``Execute`` in the course's grader. It
+starts the student's kernel in a sandbox (:mod:`chainrule.grading.sandbox`) and gives every
+code cell one of three roles, decided by the gradebook, not by the notebook:
+
+- the student's cells (solution cells, cells the student added) run in the kernel only;
+- the instructor's test cells run in the grader only, through a
+  :class:`~chainrule.judging.judge.Judge` that reaches the student's code by requests the
+  kernel answers with plain values (:mod:`chainrule.judging`);
+- the instructor's other code cells (imports, helpers, worked examples) run in both: in the
+  kernel, where the student's code may use them, and in the grader, where the tests use them.
+
+A cell counts as the instructor's only if its ``grade_id`` is a locked cell of the gradebook
+and its source is the gradebook's, character for character (nbgrader has just restored it).
+Nothing the student's code does in the kernel can reach the test code, the reference values,
+the comparisons or the verdicts, which become the test cell's outputs and so its points
+(nbgrader's ``SaveAutoGrades`` reads them as usual). Whatever kept a test from running as
+written (the kernel died, did not answer, answered with nonsense) is recorded in the report
+file, and the batch grader flags the notebook with it.
+
+:class:`ValidatingExecute` is nbgrader's ``Execute`` for Validate. Both of them report a
+problem of an earlier cell on the tests it breaks: a ``SyntaxError`` in a solution cell
+appears, with its line, on the first test that fails because of it (instead of the
+``NameError`` that follows), and a cell that runs past its time limit is named, with the limit.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbclient.exceptions import DeadKernelError
+from nbformat import NotebookNode
+from nbgrader.preprocessors import Execute
+from traitlets import Bool, Integer, Unicode
+
+from chainrule.grading.config import REPRODUCIBLE_DEFAULTS
+from chainrule.grading.hidden import BEGIN_HIDDEN
+from chainrule.grading.sandbox import KernelSandbox, SandboxedKernelManager
+from chainrule.judging.judge import (
+    GraderCallFailed,
+    Judge,
+    StudentCell,
+    StudentCodeError,
+    StudentTimeout,
+)
+from chainrule.judging.source_scan import reaches_into_grader
+
+KERNEL, JUDGE, BOTH = "kernel", "judge", "both"
+#: Errors of an earlier cell that later tests fail because of.
+SYNTAX_ERRORS = ("SyntaxError", "IndentationError", "TabError")
+TIMEOUT_ERROR = "CellTimeoutError"
+
+
+def cell_label(cell: NotebookNode, index: int) -> str:
+    """How a cell is named in messages: its ``grade_id`` in quotes, else its position."""
+    grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    return f"'{grade_id}'" if grade_id else str(index + 1)
+
+
+def _error_output(ename: str, evalue: str, traceback: list[str]) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=evalue, traceback=traceback)
+
+
+@dataclass
+class EarlierProblems:
+    """Problems of non-test cells (syntax errors, time limits), to report on the tests."""
+
+    problems: list[str] = field(default_factory=list)
+    syntax: bool = False
+
+    def note(self, cell: NotebookNode, label: str, timeout: int | None) -> None:
+        """Remember the syntax error or time-out of a cell that just ran."""
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "error":
+                continue
+            if output.get("ename") in SYNTAX_ERRORS:
+                lines = [line for line in output.get("traceback", []) if line.strip()]
+                shown = "\n".join(lines[-4:])
+                self.problems.append(f"{output['ename']} in cell {label}:\n{shown}")
+                self.syntax = True
+            elif output.get("ename") == TIMEOUT_ERROR:
+                self.problems.append(f"cell {label} ran past its {timeout} s time limit")
+
+    def apply(self, cell: NotebookNode) -> None:
+        """Put the remembered problems on a test cell that failed after them."""
+        if not self.problems:
+            return
+        for output in cell.get("outputs", []):
+            if output.get("output_type") != "error":
+                continue
+            followed = f"{output.get('ename')}: {output.get('evalue')}"
+            if self.syntax and output.get("ename") == "NameError":
+                output["ename"], output["evalue"] = "SyntaxError", self.problems[0].splitlines()[0]
+            output["traceback"] = [
+                *self.problems,
+                f"(This test then failed with {followed}, which follows from the above.)",
+            ]
+            return
+
+
+def _name_timeout(cell: NotebookNode, label: str, timeout: int | None) -> None:
+    """Say which cell ran past which limit in nbgrader's time-out error."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error" and output.get("ename") == TIMEOUT_ERROR:
+            text = f"cell {label} ran past its {timeout} s time limit and was interrupted"
+            output["evalue"] = text
+            output["traceback"] = [f"{TIMEOUT_ERROR}: {text}"]
+
+
+class ValidatingExecute(Execute):
+    """nbgrader's Execute, naming syntax errors and time-outs where the tests show them."""
+
+    def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> Any:
+        """Run the notebook, with the earlier problems reported on the tests."""
+        self._earlier = EarlierProblems()
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> Any:
+        """Run one cell; report problems of earlier cells on a failing test."""
+        cell, resources = super().preprocess_cell(cell, resources, index)
+        if cell.cell_type == "code":
+            label = cell_label(cell, index)
+            _name_timeout(cell, label, self.timeout)
+            nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+            if nbgrader.get("grade") and not nbgrader.get("solution"):
+                self._earlier.apply(cell)
+            else:
+                self._earlier.note(cell, label, self.timeout)
+        return cell, resources
+
+
+@dataclass(frozen=True)
+class TrustedCell:
+    """An instructor's locked code cell, as the gradebook holds it."""
+
+    source: str
+    is_test: bool
+
+
+def trusted_cells(db_url: str, course_id: str, assignment: str, notebook: str) -> dict[str, Any]:
+    """``grade_id -> TrustedCell`` for the instructor's locked code cells of a notebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(db_url, course_id) as gb:
+        nb = gb.find_notebook(notebook, assignment)
+        tests = {cell.name for cell in nb.grade_cells}
+        solutions = {cell.name for cell in nb.solution_cells}
+        return {
+            cell.name: TrustedCell(cell.source or "", cell.name in tests)
+            for cell in nb.source_cells
+            if cell.locked and cell.cell_type == "code" and cell.name not in solutions
+        }
+
+
+def copy_regular_files(source: Path, destination: Path) -> list[str]:
+    """Copy the regular files under ``source`` into ``destination``; skip links and the rest.
+
+    Returns the relative paths that were skipped (symbolic links, devices, sockets...).
+    """
+    skipped = []
+    destination.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.rglob("*")) if source.is_dir() else []:
+        relative = path.relative_to(source)
+        target = destination / relative
+        if path.is_symlink() or not (path.is_file() or path.is_dir()):
+            skipped.append(str(relative))
+        elif path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif not any(parent.is_symlink() for parent in path.parents):
+            shutil.copyfile(path, target, follow_symlinks=False)
+    return skipped
+
+
+def _top_level_names(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+class JudgedExecute(ValidatingExecute):
+    """Execute for grading: the student's cells in a sandboxed kernel, the tests in a judge."""
+
+    submission = Unicode(
+        "", help="folder whose regular files the kernel gets a private copy of"
+    ).tag(config=True)
+    isolate = Bool(True, help="start the kernel in the bubblewrap sandbox").tag(config=True)
+    memory_limit_mb = Integer(0, help="hard address-space limit of the kernel (0: none)").tag(
+        config=True
+    )
+    report_file = Unicode("", help="JSON file for what kept tests from running as written").tag(
+        config=True
+    )
+
+    def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> Any:
+        """Grade one notebook: private copy, sandboxed kernel, judge, report."""
+        info = (resources or {}).get("nbgrader", {})
+        self._trusted = trusted_cells(
+            info["db_url"], self._course_id(), info["assignment"], info["notebook"]
+        )
+        roles = [self._role(cell) for cell in nb.cells]
+        student = [
+            StudentCell(cell_label(cell, i), cell.source)
+            for i, (cell, role) in enumerate(zip(nb.cells, roles, strict=True))
+            if cell.cell_type == "code" and role == KERNEL
+        ]
+        helpers = [c.source for c in self._trusted.values() if not c.is_test]
+        protected = set().union(*(_top_level_names(source) for source in helpers))
+        self._report: dict[str, Any] = {
+            "not_as_written": [],
+            "reaches_into_grader": [
+                f.describe()
+                for f in reaches_into_grader([(c.label, c.source) for c in student], protected)
+            ],
+        }
+        self._kernel_dead: str | None = None
+        self.judge = Judge(self._request, student)
+        workspace = Path(tempfile.mkdtemp(prefix="chainrule-kernel-"))
+        try:
+            skipped = copy_regular_files(Path(self.submission), workspace / "home")
+            self._report["skipped_files"] = skipped
+            self._sandbox = KernelSandbox(
+                home=workspace / "home",
+                sockets=workspace / "sockets",
+                etc=workspace / "etc",
+                memory_limit_mb=self.memory_limit_mb or None,
+                isolate=self.isolate,
+                environment={k: os.environ[k] for k in REPRODUCIBLE_DEFAULTS if k in os.environ},
+            )
+            self._sandbox.prepare()
+            (workspace / "home" / ".tmp").mkdir(exist_ok=True)
+            return super().preprocess(nb, resources, km)
+        finally:
+            self._report["not_as_written"] += self.judge.failures
+            if self._kernel_dead:
+                self._report["not_as_written"].append(self._kernel_dead)
+            if self.report_file:
+                Path(self.report_file).write_text(json.dumps(self._report, indent=1))
+            shutil.rmtree(workspace, ignore_errors=True)
+
+    def _course_id(self) -> str:
+        from nbgrader.coursedir import CourseDirectory
+
+        return CourseDirectory(config=self.config).course_id
+
+    def create_kernel_manager(self) -> Any:
+        """The sandboxed kernel manager of this notebook."""
+        kernel_name = self.kernel_name or self.nb.metadata.get("kernelspec", {}).get("name")
+        self.km = SandboxedKernelManager(
+            self._sandbox, kernel_name=kernel_name or "python3", config=self.config
+        )
+        return self.km
+
+    def _trusted_source(self, cell: NotebookNode) -> str | None:
+        """The gradebook's source of an instructor's cell (``None`` for the student's cells).
+
+        A cell with the ``grade_id`` of a locked cell always runs as the gradebook has it,
+        whatever the notebook says (nbgrader has restored it, or added a deleted one back with
+        a comment on top).
+        """
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        trusted = self._trusted.get(grade_id) if grade_id else None
+        return None if trusted is None else trusted.source
+
+    def _role(self, cell: NotebookNode) -> str:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        trusted = self._trusted.get(grade_id) if grade_id else None
+        if cell.cell_type != "code" or trusted is None:
+            return KERNEL
+        if trusted.is_test or BEGIN_HIDDEN in trusted.source:
+            return JUDGE
+        return BOTH
+
+    def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> Any:
+        """Run one cell where its role says; a test cell's outputs are the judge's verdict."""
+        if cell.cell_type != "code":
+            return cell, resources
+        role, label = self._role(cell), cell_label(cell, index)
+        source = self._trusted_source(cell)
+        self._current_index = index
+        if role in (KERNEL, BOTH):
+            self._run_in_kernel(cell, index, label, source)
+        if role in (JUDGE, BOTH):
+            printed, error = self.judge.run_cell(source or "", label)
+            if role == JUDGE:
+                cell.outputs = self._verdict(printed, error, label)
+                cell.execution_count = None
+                self._earlier.apply(cell)
+            elif error is not None:
+                reason = (
+                    f"the grader's copy of cell {label} failed: {type(error).__name__}: {error}"
+                )
+                self.judge.failures.append(reason[:500])
+        if role == KERNEL:
+            _name_timeout(cell, label, self.timeout)
+            self._earlier.note(cell, label, self.timeout)
+        return cell, self.resources
+
+    def _run_in_kernel(
+        self, cell: NotebookNode, index: int, label: str, source: str | None
+    ) -> None:
+        """Run a cell in the kernel (an instructor's cell as the gradebook has it)."""
+        if self._kernel_dead:
+            cell.outputs = [self._dead_kernel_output()]
+            return
+        shown = cell.source
+        if source is not None:
+            cell.source = source
+        try:
+            self.execute_cell(cell, index, store_history=True)
+        except DeadKernelError:
+            self._kernel_dead = f"the kernel died while running cell {label}"
+            cell.outputs = [self._dead_kernel_output()]
+            return
+        finally:
+            cell.source = shown
+        if isinstance(cell.get("execution_count"), int):
+            self.judge.cell_labels[cell.execution_count] = label
+
+    def _dead_kernel_output(self) -> NotebookNode:
+        text = self._kernel_dead or "the kernel died"
+        return _error_output("DeadKernelError", text, [f"DeadKernelError: {text}"])
+
+    def _request(self, code: str) -> list[dict[str, Any]]:
+        """The judge's transport: run one line in the kernel, return its outputs."""
+        if self._kernel_dead:
+            raise GraderCallFailed(self._kernel_dead)
+        request = NotebookNode(cell_type="code", source=code, metadata={}, outputs=[])
+        request.execution_count = None
+        index = self._current_index
+        cell = self.nb.cells[index]
+        try:
+            self.execute_cell(request, index, store_history=False)
+        except DeadKernelError:
+            self._kernel_dead = "the kernel died while the tests ran the student's code"
+            raise GraderCallFailed(self._kernel_dead) from None
+        finally:
+            self.nb.cells[index] = cell  # nbclient stores the cell it ran at that index
+        return [dict(output) for output in request.outputs]
+
+    def _verdict(self, printed: str, error: BaseException | None, label: str) -> list[NotebookNode]:
+        """A test cell's outputs: what the judge printed, and its error if the test failed."""
+        outputs = []
+        if printed:
+            outputs.append(NotebookNode(output_type="stream", name="stdout", text=printed))
+        if error is None:
+            return outputs
+        if isinstance(error, StudentCodeError):
+            lines = [f"{error.type_name}: {error.message}"]
+            if error.where:
+                lines += ["raised by your code:", error.where]
+            outputs.append(_error_output(error.type_name, error.message, lines))
+        elif isinstance(error, StudentTimeout):
+            text = f"your code ran past its {self.timeout} s time limit in test cell {label}"
+            outputs.append(_error_output(TIMEOUT_ERROR, text, [f"{TIMEOUT_ERROR}: {text}"]))
+        elif isinstance(error, GraderCallFailed):
+            text = f"this test did not run as written: {error}"
+            outputs.append(_error_output("GraderError", text, [f"GraderError: {text}"]))
+        elif isinstance(error, AssertionError | NameError):
+            name = type(error).__name__
+            outputs.append(_error_output(name, str(error), [f"{name}: {error}"]))
+        else:
+            name = type(error).__name__
+            text = f"the test could not use what your code gave it: {error}"
+            outputs.append(_error_output(name, text, [f"{name}: {text}"]))
+        return outputs

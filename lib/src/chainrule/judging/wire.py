@@ -1,0 +1,229 @@
+"""What a student's kernel may send back to the grader: plain values, nothing that runs.
+
+The grader asks the kernel for the value of a name or for the result of a call
+(:mod:`chainrule.judging.agent`); the kernel answers with :func:`encode`'s output, a tree of
+JSON objects, and the grader rebuilds the value with :func:`decode`. Decoding builds only
+
+- ``None``, ``bool``, ``int``, ``float``, ``complex`` and ``str``;
+- ``list``, ``tuple`` and ``dict`` of those (dict keys: ``str``, ``int`` or ``float``);
+- numpy arrays of a numeric or boolean dtype (torch tensors and :class:`chainrule.Tensor`
+  arrive as numpy arrays: the grader compares values, not types);
+- :class:`Opaque` for anything else: its type's name and a short ``repr``, so that a check
+  can say "your function returned a Foo".
+
+No pickle and no code cross in this direction, and :func:`decode` enforces limits on depth,
+length and total size, so a reply can neither run anything in the grader nor exhaust it.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Array dtypes a reply may carry (numpy's ``dtype.str`` without the byte-order character).
+ARRAY_DTYPES = frozenset(
+    ["b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"]
+)
+MAX_DEPTH = 32
+MAX_ITEMS = 1_000_000
+MAX_BYTES = 64 * 1024 * 1024
+MAX_TEXT = 200_000
+REPR_CHARS = 300
+
+
+class WireError(ValueError):
+    """A reply that is not a well-formed value within the limits."""
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value of a type that does not cross: its type and the start of its ``repr``."""
+
+    type_name: str
+    text: str
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}: {self.text}>"
+
+
+# -- encoding (in the kernel) -------------------------------------------------------------------
+
+
+def _array_of(value: Any) -> np.ndarray | None:
+    """``value`` as a numpy array if it is an array, a torch tensor or a chainrule Tensor."""
+    if isinstance(value, np.ndarray):
+        return value
+    module = type(value).__module__ or ""
+    if module.startswith("torch") and hasattr(value, "detach"):
+        return np.asarray(value.detach().cpu().numpy())
+    data = getattr(value, "data", None)
+    if module.startswith("chainrule") and isinstance(data, np.ndarray):
+        return data
+    return None
+
+
+def _encode_float(value: float) -> dict[str, Any]:
+    return {"t": "float", "v": repr(float(value))}
+
+
+def encode(value: Any, depth: int = 0) -> dict[str, Any]:
+    """``value`` as JSON-ready tagged objects (see the module docstring for what survives)."""
+    if depth > MAX_DEPTH:
+        return {"t": "opaque", "type": type(value).__name__, "repr": "nested too deeply"}
+    if value is None:
+        return {"t": "none"}
+    if isinstance(value, bool | np.bool_):
+        return {"t": "bool", "v": bool(value)}
+    if isinstance(value, int | np.integer):
+        return {"t": "int", "v": str(int(value))}
+    if isinstance(value, float | np.floating):
+        return _encode_float(float(value))
+    if isinstance(value, complex | np.complexfloating):
+        return {"t": "complex", "re": repr(value.real), "im": repr(value.imag)}
+    if isinstance(value, str):
+        return {"t": "str", "v": value[:MAX_TEXT]}
+    array = _array_of(value)
+    if array is not None:
+        return _encode_array(array, type(value).__name__)
+    if isinstance(value, list | tuple):
+        kind = "list" if isinstance(value, list) else "tuple"
+        return {"t": kind, "v": [encode(item, depth + 1) for item in value[:MAX_ITEMS]]}
+    if isinstance(value, dict):
+        items = [
+            [encode(k, depth + 1), encode(v, depth + 1)]
+            for k, v in list(value.items())[:MAX_ITEMS]
+            if isinstance(k, str | int | float)
+        ]
+        return {"t": "dict", "v": items}
+    return {"t": "opaque", "type": type(value).__name__, "repr": _short_repr(value)}
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as error:  # a repr that raises still names the type
+        text = f"(repr failed: {type(error).__name__})"
+    return text[:REPR_CHARS]
+
+
+def _encode_array(array: np.ndarray, type_name: str) -> dict[str, Any]:
+    if array.dtype.kind not in "biufc":
+        return {"t": "opaque", "type": type_name, "repr": f"array of dtype {array.dtype}"}
+    contiguous = np.ascontiguousarray(array)
+    little = contiguous.astype(contiguous.dtype.newbyteorder("<"), copy=False)
+    return {
+        "t": "ndarray",
+        "dtype": little.dtype.str.lstrip("<|"),
+        "shape": list(little.shape),
+        "b64": base64.b64encode(little.tobytes()).decode("ascii"),
+        "from": type_name,
+    }
+
+
+# -- decoding (in the grader) ------------------------------------------------------------------
+
+
+class _Budget:
+    """Counts what a reply costs, so that decoding stops at the limits."""
+
+    def __init__(self) -> None:
+        self.items = 0
+        self.bytes = 0
+
+    def spend(self, items: int = 1, size: int = 0) -> None:
+        self.items += items
+        self.bytes += size
+        if self.items > MAX_ITEMS or self.bytes > MAX_BYTES:
+            raise WireError("the reply is larger than the grader accepts")
+
+
+def _text(node: dict[str, Any], key: str, budget: _Budget, limit: int = MAX_TEXT) -> str:
+    value = node.get(key)
+    if not isinstance(value, str) or len(value) > limit:
+        raise WireError(f"field {key!r} must be a string of at most {limit} characters")
+    budget.spend(size=len(value))
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise WireError(f"not a number: {text[:40]!r}") from None
+
+
+def decode(node: Any, depth: int = 0, budget: _Budget | None = None) -> Any:
+    """The value :func:`encode` encoded; :class:`WireError` for anything malformed."""
+    budget = budget or _Budget()
+    if depth > MAX_DEPTH + 1:
+        raise WireError("the reply is nested too deeply")
+    if not isinstance(node, dict) or not isinstance(node.get("t"), str):
+        raise WireError("every encoded value is an object with a type tag 't'")
+    budget.spend()
+    tag = node["t"]
+    if tag == "none":
+        return None
+    if tag == "bool":
+        if not isinstance(node.get("v"), bool):
+            raise WireError("a bool must carry true or false")
+        return node["v"]
+    if tag == "int":
+        text = _text(node, "v", budget)
+        if len(text) > 4000 or not text.lstrip("-").isdigit():
+            raise WireError("an int must be decimal digits")
+        return int(text)
+    if tag == "float":
+        return _number(_text(node, "v", budget))
+    if tag == "complex":
+        return complex(_number(_text(node, "re", budget)), _number(_text(node, "im", budget)))
+    if tag == "str":
+        return _text(node, "v", budget)
+    if tag in ("list", "tuple"):
+        items = node.get("v")
+        if not isinstance(items, list):
+            raise WireError(f"a {tag} must carry a list")
+        values = [decode(item, depth + 1, budget) for item in items]
+        return values if tag == "list" else tuple(values)
+    if tag == "dict":
+        return _decode_dict(node, depth, budget)
+    if tag == "ndarray":
+        return _decode_array(node, budget)
+    if tag == "opaque":
+        return Opaque(_text(node, "type", budget)[:100], _text(node, "repr", budget)[:REPR_CHARS])
+    raise WireError(f"unknown type tag {tag[:20]!r}")
+
+
+def _decode_dict(node: dict[str, Any], depth: int, budget: _Budget) -> dict[Any, Any]:
+    pairs = node.get("v")
+    if not isinstance(pairs, list):
+        raise WireError("a dict must carry a list of [key, value] pairs")
+    result: dict[Any, Any] = {}
+    for pair in pairs:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise WireError("a dict entry must be a [key, value] pair")
+        key = decode(pair[0], depth + 1, budget)
+        if not isinstance(key, str | int | float) or isinstance(key, bool):
+            raise WireError("dict keys must be strings or numbers")
+        result[key] = decode(pair[1], depth + 1, budget)
+    return result
+
+
+def _decode_array(node: dict[str, Any], budget: _Budget) -> np.ndarray:
+    dtype = _text(node, "dtype", budget)
+    if dtype not in ARRAY_DTYPES:
+        raise WireError(f"arrays of dtype {dtype[:20]!r} do not cross")
+    shape = node.get("shape")
+    if not isinstance(shape, list) or len(shape) > 32:
+        raise WireError("an array's shape must be a list of at most 32 sizes")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise WireError("an array's shape must hold non-negative integers")
+    raw = base64.b64decode(_text(node, "b64", budget, limit=MAX_BYTES * 4 // 3 + 4), validate=True)
+    kind = np.dtype(dtype)
+    kind = kind.newbyteorder("<") if kind.itemsize > 1 else kind
+    if math.prod(shape) * kind.itemsize != len(raw):
+        raise WireError("an array's data does not match its shape and dtype")
+    return np.frombuffer(raw, dtype=kind).reshape(shape).copy()
