@@ -32,8 +32,22 @@ c.Execute.startup_timeout = 120
 c.LimitOutput.max_lines = 200
 c.LimitOutput.max_traceback = 60
 
-# Test cells a student edited are restored from the gradebook; deleted ones are added back.
+# Test cells a student edited are restored from the gradebook; deleted ones are added back
+# (chainrule.grading.restore.RestoreCells: nbgrader 0.9's own insertion can stop with a KeyError).
 c.OverwriteCells.add_missing_cells = True
+c.Autograde.sanitize_preprocessors = [
+    "nbgrader.preprocessors.ClearOutput",
+    "nbgrader.preprocessors.DeduplicateIds",
+    "nbgrader.preprocessors.OverwriteKernelspec",
+    "chainrule.grading.restore.RestoreCells",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
+
+# Validate reports a syntax error or a cell over its time limit on the tests it breaks, naming
+# the cell (chainrule.grading.execute.ValidatingExecute in place of nbgrader's Execute).
+from chainrule.grading.execute import use_validating_execute  # noqa: E402
+
+use_validating_execute()
 
 # Feedback without hidden tests, also from `nbgrader generate_feedback` and the formgrader
 # (nbgrader itself copies hidden tests into the feedback).

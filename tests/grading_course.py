@@ -131,34 +131,45 @@ class TinyCourse:
         return self.root / "submitted" / student / self.assignment
 
 
-_GENERATED: dict[tuple[int, str], Path] = {}
+_GENERATED: dict[tuple[int, str, str], Path] = {}
+Notebooks = Callable[[], dict[str, nbformat.NotebookNode]]
 
 
-def make_course(root: Path, cell_timeout: int = 4, extra_config: str = "") -> TinyCourse:
+def make_course(
+    root: Path,
+    cell_timeout: int = 4,
+    extra_config: str = "",
+    notebooks: Notebooks | None = None,
+) -> TinyCourse:
     """Write the course into ``root`` with its release and gradebook generated.
 
-    The first call with given settings runs ``generate_assignment``; later calls copy that
-    result (the copy's ``nbgrader_config.py`` finds its own folder, so it is a course of its own).
+    ``notebooks`` returns the instructor's notebooks of assignment ``tiny`` (by default
+    :func:`source_notebooks`). The first call with given settings runs
+    ``generate_assignment``; later calls copy that result (the copy's ``nbgrader_config.py``
+    finds its own folder, so it is a course of its own).
     """
-    key = (cell_timeout, extra_config)
+    notebooks = notebooks or source_notebooks
+    key = (cell_timeout, extra_config, notebooks.__qualname__)
     if key not in _GENERATED or not _GENERATED[key].exists():
         template = Path(tempfile.mkdtemp(prefix="tiny-course-")) / "course"
         atexit.register(shutil.rmtree, template.parent, ignore_errors=True)
-        _write_course(template, cell_timeout, extra_config)
+        _write_course(template, cell_timeout, extra_config, notebooks())
         generate(template, ASSIGNMENT)
         _GENERATED[key] = template
     shutil.copytree(_GENERATED[key], root, dirs_exist_ok=True)
     return TinyCourse(root)
 
 
-def _write_course(root: Path, cell_timeout: int, extra_config: str) -> None:
+def _write_course(
+    root: Path, cell_timeout: int, extra_config: str, notebooks: dict[str, nbformat.NotebookNode]
+) -> None:
     root.mkdir(parents=True, exist_ok=True)
     config = (REPO / "nbgrader_config.py").read_text()
     config += f"\n# tests: short limits\nc.Execute.timeout = {cell_timeout}\n{extra_config}\n"
     (root / "nbgrader_config.py").write_text(config)
     source = root / "source" / ASSIGNMENT
     source.mkdir(parents=True)
-    for name, nb in source_notebooks().items():
+    for name, nb in notebooks.items():
         nbformat.write(nb, source / f"{name}.ipynb")
 
 
@@ -216,7 +227,8 @@ def submit(
     ``raw`` then overwrites whole files with the given text (for corrupt JSON); notebooks named
     in ``omit`` are left out.
     """
-    notebooks = {name: course.release(name) for name in source_notebooks()}
+    names = sorted(p.stem for p in (course.root / "release" / course.assignment).glob("*.ipynb"))
+    notebooks = {name: course.release(name) for name in names}
     if edit is not None:
         edit(notebooks)
     folder = course.submission_dir(student)

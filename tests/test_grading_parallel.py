@@ -1,4 +1,4 @@
-"""Parallel grading gives exactly the grades of sequential grading.
+"""Parallel grading gives exactly the grades of sequential grading, run after run.
 
 Six submissions (full marks, a real zero, a hidden-test failure, an edited and a deleted test
 cell, a dead kernel) are graded once by one worker into the course gradebook and once by two
@@ -90,3 +90,18 @@ def test_two_workers_give_the_same_gradebook_as_one(tmp_path):
     assert book_one["fay"]["notebooks"]["doubles"]["flagged"]
     assert _autograded(sequential.root) == _autograded(parallel_root)
     assert one.export_csv.read_text() == two.export_csv.read_text()
+
+
+def test_repeated_parallel_runs_give_identical_grades(tmp_path):
+    course = make_course(tmp_path / "course")
+    for student in ("ann", "cat", "fay"):
+        submit(course, student, STUDENTS[student])
+    course_id = "autograd-distributed"
+    books, statuses = [], []
+    for _ in range(5):
+        result = _grade(course.root, workers=2)
+        statuses.append([o.status for o in result.outcomes])
+        books.append(snapshot(f"sqlite:///{course.root / 'gradebook.db'}", course_id, "tiny"))
+    assert all(book == books[0] for book in books[1:])
+    assert all(status == statuses[0] for status in statuses[1:])
+    assert not any("failed" in s for s in statuses[0])  # no kernel lost to a collision

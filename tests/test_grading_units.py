@@ -12,6 +12,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from chainrule.grading.child import run_limited
 from chainrule.grading.config import grading_env, load_config
 from chainrule.grading.feedback import StripHiddenTests, scrub_traceback
 from chainrule.grading.hidden import split_hidden_tests
@@ -27,7 +28,6 @@ from chainrule.grading.outcomes import (
     StudentOutcome,
     classify_failure,
 )
-from chainrule.grading.child import run_limited
 from chainrule.grading.tamper import ReleasedCell, find_restored_cells
 from grading_course import HIDDEN_MARKER
 

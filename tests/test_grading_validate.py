@@ -62,3 +62,35 @@ def test_the_command_exits_one_when_a_test_fails(notebooks):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "VALIDATION FAILED ON 1 CELL(S)!" in proc.stdout
     assert "NotImplementedError" in proc.stdout  # nbgrader's report shows the failing cell
+
+
+@pytest.fixture(scope="module")
+def broken(notebooks):
+    root, work = notebooks
+    course = make_course(root.parent / "course-short", cell_timeout=3)
+    syntax = course.release("squares")
+    solve({"squares": syntax})
+    answer(syntax, "square", "def square(x):\n    return x *\n")
+    nbformat.write(syntax, work / "syntax.ipynb")
+    slow = course.release("doubles")
+    answer(slow, "double", "import time\ntime.sleep(30)\ndef double(x):\n    return 2 * x")
+    nbformat.write(slow, work / "slow.ipynb")
+    return course.root, work
+
+
+@pytest.mark.slow
+def test_a_syntax_error_shows_as_itself_on_the_tests_it_breaks(broken, capsys):
+    root, work = broken
+    assert main(["validate", str(work / "syntax.ipynb"), "--course-root", str(root)]) == 1
+    report = capsys.readouterr().out
+    assert "SyntaxError in cell 'square'" in report
+    assert "return x *" in report  # the line, as Python showed it
+    assert "This test then failed with NameError" in report
+
+
+@pytest.mark.slow
+def test_a_cell_over_its_time_limit_is_named_with_the_limit(broken, capsys):
+    root, work = broken
+    assert main(["validate", str(work / "slow.ipynb"), "--course-root", str(root)]) == 1
+    report = capsys.readouterr().out
+    assert "cell 'double' ran past its 3 s time limit" in report

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,12 +180,19 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
     )
     snapshots = take_snapshots(job.layout.submitted, options.assignment, students, job.snapshots)
     progress = Progress(len(students), stream, max([len(s) for s in students] + [8]))
-    outcomes = grade_all(job, students, options.workers, progress)
+    job.workspaces = Path(tempfile.mkdtemp(prefix="chainrule-kernels-"))
+    try:
+        outcomes = grade_all(job, students, options.workers, progress)
+    finally:  # a worker killed at its time limit leaves its kernel's private folder behind
+        shutil.rmtree(job.workspaces, ignore_errors=True)
     for outcome in outcomes:
         for notebook in outcome.notebooks:
             notebook.reaches_into_grader += [
                 f"the submission's {name} is not a regular file and was left out"
                 for name in snapshots.skipped.get(outcome.student, [])
+            ] + [
+                f"the submission brings {name}, named like an installed module (never imported)"
+                for name in snapshots.shadowing.get(outcome.student, [])
             ]
     layout = job.layout
     flag_failed(layout.db_url, layout.course_id, options.assignment, outcomes)

@@ -101,7 +101,7 @@ class EarlierProblems:
                 output["ename"], output["evalue"] = "SyntaxError", self.problems[0].splitlines()[0]
             output["traceback"] = [
                 *self.problems,
-                f"(This test then failed with {followed}, which follows from the above.)",
+                f"(This test then failed with {followed}.)",
             ]
             return
 
@@ -135,6 +135,19 @@ class ValidatingExecute(Execute):
             else:
                 self._earlier.note(cell, label, self.timeout)
         return cell, resources
+
+
+def use_validating_execute() -> None:
+    """Make nbgrader's Validator (the Validate button too) run :class:`ValidatingExecute`.
+
+    ``Validator.preprocessors`` is not configurable, so ``nbgrader_config.py`` calls this to
+    change its default: the same preprocessors, with ``ValidatingExecute`` for ``Execute``.
+    """
+    from nbgrader.validator import Validator
+
+    trait = Validator.class_traits()["preprocessors"]
+    (defaults,) = trait.default_args  # traitlets keeps a List's default in its arguments
+    trait.default_args = ([ValidatingExecute if p is Execute else p for p in defaults],)
 
 
 @dataclass(frozen=True)
@@ -208,6 +221,9 @@ class JudgedExecute(ValidatingExecute):
     report_file = Unicode("", help="JSON file for what kept tests from running as written").tag(
         config=True
     )
+    workspace_root = Unicode("", help="folder for the kernels' private folders (default: tmp)").tag(
+        config=True
+    )
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> Any:
         """Grade one notebook: private copy, sandboxed kernel, judge, report."""
@@ -232,7 +248,9 @@ class JudgedExecute(ValidatingExecute):
         }
         self._kernel_dead: str | None = None
         self.judge = Judge(self._request, student)
-        workspace = Path(tempfile.mkdtemp(prefix="chainrule-kernel-"))
+        workspace = Path(
+            tempfile.mkdtemp(prefix="chainrule-kernel-", dir=self.workspace_root or None)
+        )
         try:
             skipped = copy_regular_files(Path(self.submission), workspace / "home")
             self._report["skipped_files"] = skipped

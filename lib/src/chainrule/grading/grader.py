@@ -59,6 +59,7 @@ class GradingJob:
     overrides: list[str] = field(default_factory=list)
     isolate: bool = True
     snapshots: Path | None = None
+    workspaces: Path | None = None
 
     def autograded_dir(self, student: str, target: GradingTarget) -> Path:
         """The folder the worker writes this student's autograded notebooks to."""
@@ -81,6 +82,8 @@ class GradingJob:
             argv += ["--memory-limit-mb", str(self.memory_limit_mb)]
         if not self.isolate:
             argv += ["--no-sandbox"]
+        if self.workspaces:
+            argv += ["--workspaces", str(self.workspaces)]
         return argv + list(self.overrides)
 
 

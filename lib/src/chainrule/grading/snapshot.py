@@ -10,6 +10,7 @@ or the feedback. ``submitted/`` itself is only ever read.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,12 +19,33 @@ from pathlib import Path
 from chainrule.grading.execute import copy_regular_files
 
 
+def shadowing_entries(folder: Path) -> list[str]:
+    """Top-level files and folders of a submission named like an importable module.
+
+    They cannot shadow anything at grading time (kernels start with ``python -P``), but a
+    submission that brings its own ``numpy/`` or ``chainrule/`` deserves a look.
+    """
+    found = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        name = path.stem if path.suffix == ".py" else path.name
+        if not name.isidentifier() or path.suffix not in ("", ".py"):
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None:
+            found.append(path.name)
+    return found
+
+
 @dataclass
 class Snapshots:
     """The snapshot folder and, per student, the files that were not copied."""
 
     root: Path
     skipped: dict[str, list[str]] = field(default_factory=dict)
+    shadowing: dict[str, list[str]] = field(default_factory=dict)
 
 
 def take_snapshots(
@@ -43,4 +65,7 @@ def take_snapshots(
         skipped = copy_regular_files(source, root / student / assignment)
         if skipped:
             snapshots.skipped[student] = skipped
+        shadowing = shadowing_entries(root / student / assignment)
+        if shadowing:
+            snapshots.shadowing[student] = shadowing
     return snapshots

@@ -38,6 +38,10 @@ def validation_results(
     the validator was inverted (complaining about passing cells)."""
     from nbgrader.validator import Validator
 
+    from chainrule.grading.execute import use_validating_execute
+
+    use_validating_execute()
+
     class RecordingValidator(Validator):
         """The stock validator, keeping the results it prints."""
 

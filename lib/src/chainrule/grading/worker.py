@@ -36,6 +36,7 @@ from chainrule.grading.outcomes import (
     RestoredCells,
     classify_failure,
 )
+from chainrule.grading.restore import with_restore_cells
 from chainrule.grading.tamper import find_restored_cells, released_cells
 
 
@@ -47,6 +48,7 @@ class SandboxOptions:
     isolate: bool
     memory_limit_mb: int | None
     reports: Path
+    workspaces: Path | None = None
 
 
 def detect_restored(
@@ -93,6 +95,7 @@ def run_autograde(
     coursedir.student_id = student
     coursedir.notebook_id = notebook
     app = Autograde(coursedir=coursedir, config=config)
+    app.sanitize_preprocessors = with_restore_cells(list(app.sanitize_preprocessors))
     app.autograde_preprocessors = judged_preprocessors(list(app.autograde_preprocessors))
     app.force = True
     app.create_student = True
@@ -141,6 +144,8 @@ def grade_notebook(
     judging.JudgedExecute.isolate = sandbox.isolate
     judging.JudgedExecute.memory_limit_mb = sandbox.memory_limit_mb or 0
     judging.JudgedExecute.report_file = str(report_file)
+    if sandbox.workspaces:
+        judging.JudgedExecute.workspace_root = str(sandbox.workspaces)
     result = run_autograde(config, assignment, student, notebook, judging)
     report = read_report(report_file)
     outcome = NotebookOutcome(
@@ -207,6 +212,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--memory-limit-mb", type=int)
     parser.add_argument("--no-sandbox", action="store_true")
     parser.add_argument("--reports", type=Path)
+    parser.add_argument("--workspaces", type=Path)
     return parser.parse_known_args(argv)
 
 
@@ -228,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         isolate=not args.no_sandbox,
         memory_limit_mb=args.memory_limit_mb,
         reports=args.reports or args.record.parent,
+        workspaces=args.workspaces,
     )
     for notebook in assignment_notebooks(layout.db_url, layout.course_id, args.assignment):
         record.start(notebook)

@@ -10,7 +10,8 @@ Two questions the grader asks of every cell a student wrote:
   which could hide one.
 - :func:`reaches_into_grader`: does it reach into the kernel or the grading machinery: IPython's
   input transformers, exiting the interpreter, signals, frames, ``sys.modules``,
-  ``ctypes``, resource limits, new processes, or rebinding attributes of imported modules
+  ``ctypes``, resource limits, new processes, code run from strings, classes whose objects
+  decide how they compare (``__eq__``), or rebinding attributes of imported modules
   (``np.allclose = ...``) and the names the notebook's own cells define (the checks)?
 
 Both return :class:`Finding` s that name the cell and the line, for the feedback and for the
@@ -20,6 +21,7 @@ instructor's summary.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +54,15 @@ GRADER_REACH = {
     "builtins": "the built-in names",
     "__builtins__": "the built-in names",
     "resource.setrlimit": "the resource limits",
+    "sqlite3": "opening databases (the gradebook is one)",
 }
+#: Text that imitates a grader's verdict.
+VERDICT_LIKE = re.compile(
+    r"(?i)(tests? (have )?passed|passes all|all tests|success!|\d+(\.\d+)?\s*/\s*\d+\s*points?"
+    r"|full marks|validation (passed|succeeded))"
+)
+#: A string that names a file outside the student's own folder.
+OUTSIDE_PATH = re.compile(r"^/(?!home/student(/|$))[\w.\-]+(/[\w.\-*]*)*$")
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,10 @@ UNIMPORTED_REACH = {
     "__builtins__": GRADER_REACH["__builtins__"],
     "exit": "exiting the interpreter",
     "quit": "exiting the interpreter",
+    "exec": "running code from a string",
+    "eval": "running code from a string",
+    "compile": "running code from a string",
+    "__import__": "importing a module chosen at run time",
 }
 Report = Callable[[ast.AST, str], None]
 
@@ -266,11 +280,32 @@ def _scan_node(node: ast.AST, aliases: dict[str, str], flag: Report) -> None:
                 flag(node, reason)
         if isinstance(node, ast.Attribute) and node.attr in _TRANSFORMERS:
             flag(node, GRADER_REACH[node.attr])
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        if OUTSIDE_PATH.match(node.value):
+            flag(node, f"names a path outside the submission ({node.value[:60]})")
+        elif VERDICT_LIKE.search(node.value):
+            flag(node, f"text that imitates a grader's verdict ({node.value[:60]!r})")
     if isinstance(node, ast.Assign | ast.Delete):
         for target in node.targets:
             _patching(target, aliases, flag)
     elif isinstance(node, ast.AugAssign | ast.AnnAssign):
         _patching(node.target, aliases, flag)
+    elif isinstance(node, ast.ClassDef):
+        methods = {
+            item.name
+            for item in node.body
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.Assign)
+            and getattr(item, "name", None) in FOOLING_METHODS
+        }
+        methods |= {
+            target.id
+            for item in node.body
+            if isinstance(item, ast.Assign)
+            for target in item.targets
+            if isinstance(target, ast.Name) and target.id in FOOLING_METHODS
+        }
+        if methods:
+            flag(node, f"a class that decides how its objects compare or convert ({min(methods)})")
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         if node.func.id in ("setattr", "delattr") and node.args:
             obj = _dotted(node.args[0])
@@ -279,6 +314,28 @@ def _scan_node(node: ast.AST, aliases: dict[str, str], flag: Report) -> None:
 
 
 _TRANSFORMERS = ("input_transformers_post", "input_transformers_cleanup", "ast_transformers")
+#: Special methods with which an object decides how it compares or converts: a value made to
+#: pass any comparison a check could make.
+FOOLING_METHODS = frozenset(
+    [
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__bool__",
+        "__float__",
+        "__int__",
+        "__index__",
+        "__abs__",
+        "__array__",
+        "__array_ufunc__",
+        "__array_function__",
+        "__array_interface__",
+        "__torch_function__",
+    ]
+)
 
 
 def _reach(dotted: str) -> str | None:
