@@ -43,7 +43,7 @@ from assignment_fixtures import (
 from chainrule.grading import validate_notebook
 from chainrule.grading.hidden import split_hidden_tests
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
 VARIANTS = {name: load_variants(name) for name in NOTEBOOKS}
 WRONG = {name: [v for v in VARIANTS[name].values() if not v.is_right] for name in NOTEBOOKS}

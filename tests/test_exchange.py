@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from grading_course import grading_env, make_course, nbgrader, solve
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
 STUDENT_CONFIG = """\
 import os

@@ -24,7 +24,7 @@ from chainrule.grading import BatchOptions, run_batch
 from chainrule.grading.gradebooks import snapshot
 from grading_course import _meta, _notebook, answer, cell_of, delete_cell, make_course, submit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
 HIDDEN = "hidden_probe_k3v"  # appears only inside hidden tests
 SOLUTION_MARK = "solution_mark_z8"  # appears only inside the instructor's solutions

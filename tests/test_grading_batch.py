@@ -23,7 +23,7 @@ from chainrule.grading.config import grading_env
 from chainrule.grading.gradebooks import snapshot
 from grading_course import HIDDEN_MARKER, answer, delete_cell, make_course, solve, submit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
 HASH_PROBE = 'print("hash:", hash("chainrule"))'
 

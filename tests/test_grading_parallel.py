@@ -17,7 +17,7 @@ from chainrule.grading import BatchOptions, run_batch
 from chainrule.grading.gradebooks import snapshot
 from grading_course import answer, delete_cell, make_course, solve, submit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
 
 def _hidden_fail(notebooks):

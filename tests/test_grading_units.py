@@ -262,7 +262,38 @@ def test_batch_command_refuses_an_assignment_that_was_never_generated(tmp_path, 
 
     (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")
     assert main(["batch", "nope", "--course-root", str(tmp_path)]) == 2
-    assert "nbgrader generate_assignment nope" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "make release ASSIGNMENT=nope" in error
+    assert "nbgrader generate_assignment nope --force" in error
+
+
+def test_batch_refuses_to_grade_without_a_sandbox_tool(tmp_path, capsys, monkeypatch):
+    from chainrule.grading import sandbox
+    from chainrule.grading.__main__ import EXIT_NO_SANDBOX, main
+
+    monkeypatch.setattr(sandbox, "BWRAP", "bwrap-that-is-not-installed")
+    assert main(["batch", "ps1", "--course-root", str(tmp_path)]) == EXIT_NO_SANDBOX
+    error = capsys.readouterr().err
+    assert "refusing to grade without a sandbox" in error
+    assert "`bwrap-that-is-not-installed` was not found on PATH" in error
+    assert "apt-get install bubblewrap" in error and "--no-sandbox" in error
+    assert not (tmp_path / "grades").exists()  # nothing was graded or written
+
+
+@pytest.mark.slow
+def test_without_the_sandbox_the_summary_says_the_grades_are_not_isolated(tmp_path):
+    import io
+
+    from chainrule.grading import BatchOptions, run_batch
+    from grading_course import make_course, solve, submit
+
+    course = make_course(tmp_path / "course")
+    submit(course, "ann", solve)
+    stream = io.StringIO()
+    result = run_batch(BatchOptions("tiny", course.root, sandbox=False), stream=stream)
+    assert not result.isolated and result.rows[0].total == 4
+    assert "NOT ISOLATED" in stream.getvalue().splitlines()[0]
+    assert result.summary_txt.read_text().startswith("NOT ISOLATED")
 
 
 def test_batch_command_passes_config_overrides_and_rejects_other_options():
