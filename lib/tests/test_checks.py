@@ -135,7 +135,7 @@ def test_a_mistake_named_by_the_test_is_recognised():
     message = failure(
         fb.expect_close, summed, expected, "g", mistakes={"adding the bias twice": summed}
     )
-    assert "Likely mistake: received what adding the bias twice gives." in message
+    assert "Likely mistake: adding the bias twice: that gives exactly what was received." in message
 
 
 def test_none_zeros_and_nan_are_named():

@@ -26,6 +26,7 @@ notebook, and not a library function under a new name.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -135,7 +136,7 @@ def _named_diagnoses(r: np.ndarray, e: np.ndarray, mistakes: Mapping[str, Any] |
     for description, value in (mistakes or {}).items():
         candidate = as_array(value)
         if _matches(r, candidate) and not _matches(candidate, e):
-            found.append(f"received what {description} gives")
+            found.append(f"{description}: that gives exactly what was received")
     return found
 
 
@@ -267,6 +268,40 @@ def expect_close(
     raise AssertionError(message + "".join(f"\nLikely mistake: {h}." for h in hints))
 
 
+def expect_array(received: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """Assert that ``received`` is an array of numbers of ``shape``; return it as floats."""
+    try:
+        array = as_array(received)
+    except (TypeError, ValueError):
+        raise AssertionError(
+            f"{what}: expected an array of numbers of shape {shape}, received "
+            f"{type(received).__name__} {received!r}"[:400]
+        ) from None
+    if array.shape != tuple(shape):
+        raise AssertionError(
+            f"{what}: expected an array of shape {tuple(shape)}, received one of shape "
+            f"{array.shape}: {show(array)}"
+        )
+    return array
+
+
+def expect_number(received: Any, what: str) -> float:
+    """Assert that ``received`` is one real number (an int, a float, a 0-d array); return it."""
+    if isinstance(received, bool) or received is None:
+        raise AssertionError(f"{what}: expected a number, received {received!r}.")
+    try:
+        array = as_array(received)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.shape != () or not np.isrealobj(array):
+        kind = type(received).__name__
+        shape = "" if array is None else f" of shape {array.shape}"
+        raise AssertionError(
+            f"{what}: expected one number, received a {kind}{shape}: {received!r}."[:400]
+        )
+    return float(array)
+
+
 def expect_equal(received: Any, expected: Any, what: str, hint: str | None = None) -> None:
     """Assert ``received == expected`` exactly (booleans, strings, integers)."""
     if received == expected:
@@ -286,19 +321,50 @@ def expect_choice(value: Any, options: Mapping[str, Any], what: str) -> None:
 # -- helpers that run next to the student's code -------------------------------------------------
 
 
+class ErrorInYourCode(Exception):
+    """The student's code raised while a test ran it: what, on which rank, and where."""
+
+
+def describe_student_error(error: BaseException) -> str:
+    """``Type on rank p: message`` and the lines of the notebook's cells it went through."""
+    from chainrule.judging.agent import describe_exception
+
+    info = describe_exception(error)
+    on_rank = f" on rank {info['rank']}" if info["rank"] is not None else ""
+    lines = [f"{info['type']}{on_rank}: {info['message']}"]
+    for frame in info["frames"]:
+        count = frame["execution_count"]
+        place = f"cell In[{count}]" if count else frame["file"][-60:]
+        lines.append(f"  in {place}, line {frame['line']}, in {frame['function']}: {frame['code']}")
+    return "\n".join(lines)
+
+
 def in_student_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a test helper that runs the student's code and returns plain values.
 
-    In a notebook (Validate, or plain nbgrader) this returns ``function`` unchanged. When the
-    course's grader grades, test cells run in the grader's own process (:mod:`chainrule.judging`)
-    and a helper marked so is sent to the student's kernel each time it is called, to run next
-    to the student's code (on ranks, say); only its return value comes back, as numbers,
-    strings, arrays, lists, tuples and dicts. Keep every comparison outside such a helper.
+    When the course's grader grades, test cells run in the grader's own process
+    (:mod:`chainrule.judging`) and a helper marked so is sent to the student's kernel each time
+    it is called, to run next to the student's code (on ranks, say); only its return value
+    comes back, as numbers, strings, arrays, lists, tuples and dicts. Keep every comparison
+    outside such a helper. In a notebook (Validate, or plain nbgrader) the helper runs right
+    there; an exception of the student's code then surfaces as :class:`ErrorInYourCode`,
+    naming the rank and the lines of the student's cells, instead of the library's frames.
     """
     from chainrule.judging.judge import CURRENT
 
     judge = CURRENT.get()
-    return function if judge is None else judge.in_student_kernel(function)
+    if judge is not None:
+        return judge.in_student_kernel(function)
+
+    @functools.wraps(function)
+    def reporting_errors(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:
+            raise ErrorInYourCode(describe_student_error(error)) from None
+
+    return reporting_errors
 
 
 # -- assertions on where code comes from ---------------------------------------------------------
@@ -380,8 +446,11 @@ def library_references(function: Callable[..., Any], library: Sequence[str]) -> 
     return sorted(set(found))
 
 
-def _expect_defined_in_cells(name: str, what: str, kind: type[ast.AST], shape: str) -> ast.AST:
-    """The last top-level binding of ``name`` in the student's cells, which must be ``kind``."""
+def _expect_defined_in_cells(
+    name: str, what: str, kind: type[ast.AST], shape: str
+) -> tuple[str, ast.AST]:
+    """The last top-level binding of ``name`` in the student's cells (which must be ``kind``)
+    and the label of its cell."""
     found = definitions(_student_cells(), name)
     if not found:
         raise AssertionError(f"{what}: no cell of yours defines {name}; {shape}.")
@@ -390,7 +459,14 @@ def _expect_defined_in_cells(name: str, what: str, kind: type[ast.AST], shape: s
         raise AssertionError(
             f"{what}: your cell {label} binds {name} without writing it ({shape} instead)."
         )
-    return node
+    return label, node
+
+
+def _library_uses_of(label: str, library: Sequence[str]) -> list[Finding]:
+    """Library uses in the cell ``label``, with the names the other cells import in reach."""
+    cells = _student_cells()
+    defining = [cell for cell in cells if cell[0] == label]
+    return library_uses(defining, library, context=cells)
 
 
 def expect_own_function(
@@ -405,8 +481,8 @@ def expect_own_function(
     advice = "Write it yourself from the collectives of chainrule.dist."
     if _is_remote(function):
         name = function.remote_path.split(".")[-1]
-        _expect_defined_in_cells(name, what, ast.FunctionDef, "define it with `def`")
-        _raise_library_use(what, library_uses(_student_cells(), library), advice)
+        label, _ = _expect_defined_in_cells(name, what, ast.FunctionDef, "define it with `def`")
+        _raise_library_use(what, _library_uses_of(label, library), advice)
         return
     if not isinstance(function, types.FunctionType):
         raise AssertionError(
@@ -480,10 +556,12 @@ def expect_own_autograd_function(
     advice = "Use torch.distributed yourself."
     if _is_remote(cls):
         name = cls.remote_path.split(".")[-1]
-        node = _expect_defined_in_cells(name, what, ast.ClassDef, f"write `class {name}(...)`")
+        label, node = _expect_defined_in_cells(
+            name, what, ast.ClassDef, f"write `class {name}(...)`"
+        )
         assert isinstance(node, ast.ClassDef)
         _expect_autograd_class_shape(node, what)
-        _raise_library_use(what, library_uses(_student_cells(), library), advice)
+        _raise_library_use(what, _library_uses_of(label, library), advice)
         return
 
     import torch

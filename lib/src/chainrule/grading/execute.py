@@ -381,9 +381,10 @@ class JudgedExecute(ValidatingExecute):
         if error is None:
             return outputs
         if isinstance(error, StudentCodeError):
+            on_rank = f" on rank {error.rank}" if error.rank is not None else ""
             lines = [f"{error.type_name}: {error.message}"]
             if error.where:
-                lines += ["raised by your code:", error.where]
+                lines += [f"raised by your code{on_rank}:", error.where]
             outputs.append(_error_output(error.type_name, error.message, lines))
         elif isinstance(error, StudentTimeout):
             text = f"your code ran past its {self.timeout} s time limit in test cell {label}"

@@ -12,4 +12,10 @@ import nbgrader.converters  # noqa: F401
 import nbgrader.coursedir  # noqa: F401
 import nbgrader.utils  # noqa: F401
 
+# Test cells run in the grader (chainrule.grading.execute), and some compute their references
+# with torch: imported once here rather than in every grading child.
+import torch  # noqa: E402, F401
+
+import chainrule.checks  # noqa: E402, F401
 import chainrule.grading.worker  # noqa: F401
+import chainrule.judging.judge  # noqa: E402, F401

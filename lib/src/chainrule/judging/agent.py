@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import linecache
+import re
 import traceback
 import types
 from typing import Any
@@ -111,36 +112,77 @@ def _with_notebook_names(function: Any) -> Any:
     return function
 
 
-def _cell_frames(error: BaseException) -> list[dict[str, Any]]:
-    """The frames of the exception that ran in notebook cells, and the frame that raised."""
-    cells = getattr(_shell().compile, "_filename_map", {})
-    frames = traceback.extract_tb(error.__traceback__)
-    chosen = []
-    for index, frame in enumerate(frames):
-        in_cell = frame.filename in cells
-        if in_cell or index == len(frames) - 1:
-            line = frame.line or linecache.getline(frame.filename, frame.lineno or 0).strip()
-            chosen.append(
-                {
-                    "execution_count": cells.get(frame.filename),
-                    "file": "" if in_cell else frame.filename,
-                    "line": frame.lineno,
-                    "function": frame.name,
-                    "code": (line or "")[:300],
-                }
-            )
+#: A frame of a formatted traceback: ``File "...", line N, in name`` and the code below it.
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$')
+
+
+def _cell_map() -> dict[str, int]:
+    """Notebook cell file names → execution counts (empty outside IPython)."""
+    try:
+        return dict(getattr(_shell().compile, "_filename_map", {}))
+    except RuntimeError:
+        return {}
+
+
+def _frame(file: str, line: int | None, name: str, code: str, cells: dict[str, int]) -> dict:
+    in_cell = file in cells
+    if not code:
+        code = linecache.getline(file, line or 0).strip()
+    return {
+        "execution_count": cells.get(file),
+        "file": "" if in_cell else file,
+        "line": line,
+        "function": name,
+        "code": code[:300],
+    }
+
+
+def _cell_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The frames that ran in notebook cells, and the last frame (the one that raised)."""
+    chosen = [f for i, f in enumerate(frames) if f["execution_count"] or i == len(frames) - 1]
     return chosen[-MAX_FRAMES:]
 
 
-def _error(error: BaseException) -> dict[str, Any]:
-    try:
-        message = str(error)
-    except Exception:
-        message = "(the exception's message could not be read)"
+def _frames_of_text(text: str, cells: dict[str, int]) -> list[dict[str, Any]]:
+    """The frames of a traceback formatted on another rank (a RankError's text)."""
+    frames = []
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        match = _FRAME.match(line)
+        if match:
+            following = lines[index + 1].strip() if index + 1 < len(lines) else ""
+            code = "" if _FRAME.match(following) else following
+            frames.append(_frame(match["file"], int(match["line"]), match["name"], code, cells))
+    return frames
+
+
+def describe_exception(error: BaseException) -> dict[str, Any]:
+    """The student's exception as data: type, message, rank, and the frames in their cells.
+
+    An exception raised on a rank of ``dist.run`` arrives as a ``RankError`` carrying the
+    rank's own exception type, message and traceback text: those are reported instead.
+    """
+    cells = _cell_map()
+    rank = getattr(error, "rank", None)
+    if type(error).__name__ == "RankError" and hasattr(error, "traceback_text"):
+        type_name = str(getattr(error, "exc_type", "Exception"))
+        message = str(getattr(error, "original_message", ""))
+        frames = _frames_of_text(str(error.traceback_text), cells)
+    else:
+        type_name = type(error).__name__
+        try:
+            message = str(error)
+        except Exception:
+            message = "(the exception's message could not be read)"
+        frames = [
+            _frame(f.filename, f.lineno, f.name, f.line or "", cells)
+            for f in traceback.extract_tb(error.__traceback__)
+        ]
     return {
-        "type": type(error).__name__,
+        "type": type_name[:100],
         "message": message[:4000],
-        "frames": _cell_frames(error),
+        "rank": rank if isinstance(rank, int) else None,
+        "frames": _cell_frames(frames),
     }
 
 
@@ -166,5 +208,5 @@ def serve(request: str) -> None:
         value = _perform(operation)
         reply = {"nonce": nonce, "ok": True, "value": encode(value)}
     except BaseException as error:  # the student's exception, reported as data
-        reply = {"nonce": nonce, "ok": False, "error": _error(error)}
+        reply = {"nonce": nonce, "ok": False, "error": describe_exception(error)}
     display({REPLY_MIME: reply}, raw=True)

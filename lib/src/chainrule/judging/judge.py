@@ -62,6 +62,7 @@ class StudentCodeError(Exception):
     message: str
     frames: list[dict[str, Any]] = field(default_factory=list)
     where: str = ""
+    rank: int | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -204,11 +205,13 @@ class Judge:
 
     def _student_error(self, error: Mapping[str, Any]) -> StudentCodeError:
         frames = [f for f in error.get("frames", []) if isinstance(f, dict)][: agent.MAX_FRAMES]
+        rank = error.get("rank")
         return StudentCodeError(
             type_name=str(error.get("type", "Exception"))[:100],
             message=str(error.get("message", ""))[:4000],
             frames=frames,
             where=self.describe_frames(frames),
+            rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
         )
 
     def describe_frames(self, frames: Sequence[Mapping[str, Any]]) -> str:

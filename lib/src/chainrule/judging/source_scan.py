@@ -139,15 +139,22 @@ def _module_aliases(trees: Iterable[ast.Module]) -> dict[str, str]:
 
 
 def library_uses(
-    cells: Sequence[tuple[str, str]], library: Sequence[str], allowed: Sequence[str] = ()
+    cells: Sequence[tuple[str, str]],
+    library: Sequence[str],
+    allowed: Sequence[str] = (),
+    context: Sequence[tuple[str, str]] = (),
 ) -> list[Finding]:
     """Places in ``cells`` (``(label, source)`` pairs) that use a ``library`` module.
 
-    ``allowed`` names modules the exercise lets the student use even when they lie under a
-    library prefix.
+    ``context`` holds the notebook's other cells: names they import (``from chainrule.duality
+    import f as g``, ``import chainrule``) count in ``cells`` too. ``allowed`` names modules
+    the exercise lets the student use even when they lie under a library prefix.
     """
     parsed = [(label, source, _parse(source)) for label, source in cells]
-    aliases = _module_aliases(tree for _, _, tree in parsed if tree is not None)
+    around = [_parse(source) for _, source in context]
+    aliases = _module_aliases(
+        tree for tree in [*(t for _, _, t in parsed), *around] if tree is not None
+    )
     found: list[Finding] = []
 
     def flag(label: str, source: str, node: ast.AST, what: str) -> None:
@@ -180,6 +187,10 @@ def library_uses(
                     flag(label, source, node, f"uses {full}")
             elif isinstance(node, ast.Name) and node.id in DYNAMIC_CODE:
                 flag(label, source, node, f"runs or imports code by name ({node.id})")
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                origin = aliases.get(node.id, "")
+                if origin != node.id and forbidden(origin):
+                    flag(label, source, node, f"uses {node.id}, imported from {origin}")
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 named = [p for p in library if p in node.value and _in(p, allowed) is None]
                 if named:

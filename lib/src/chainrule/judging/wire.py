@@ -113,8 +113,7 @@ def _short_repr(value: Any) -> str:
 def _encode_array(array: np.ndarray, type_name: str) -> dict[str, Any]:
     if array.dtype.kind not in "biufc":
         return {"t": "opaque", "type": type_name, "repr": f"array of dtype {array.dtype}"}
-    contiguous = np.ascontiguousarray(array)
-    little = contiguous.astype(contiguous.dtype.newbyteorder("<"), copy=False)
+    little = np.array(array, dtype=array.dtype.newbyteorder("<"), order="C", copy=True)
     return {
         "t": "ndarray",
         "dtype": little.dtype.str.lstrip("<|"),
