@@ -94,6 +94,7 @@ class Variant:
     cells: Mapping[str, str]
     loses: frozenset[str]
     message: str | None = None  # a phrase the feedback of a wrong variant must contain
+    hidden_only: str | None = None  # why only the hidden tests catch this wrong variant
 
     @property
     def is_right(self) -> bool:
@@ -107,7 +108,14 @@ def load_variants(notebook: str) -> dict[str, Variant]:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return {
-        name: Variant(notebook, name, dict(v["cells"]), frozenset(v["loses"]), v.get("message"))
+        name: Variant(
+            notebook,
+            name,
+            dict(v["cells"]),
+            frozenset(v["loses"]),
+            v.get("message"),
+            v.get("hidden_only"),
+        )
         for name, v in module.VARIANTS.items()
     }
 
@@ -224,6 +232,27 @@ def grade_batch(course: Path, students: Iterable[str], workers: int = 2, feedbac
 def autograde(course: Path, students: Iterable[str], workers: int = 2) -> list:
     """The outcomes of :func:`grade_batch` without feedback."""
     return grade_batch(course, students, workers).outcomes
+
+
+def _validate_one(course_root: str, path: str) -> tuple[str, int, str]:
+    from chainrule.grading import validate_notebook
+
+    report = io.StringIO()
+    code = validate_notebook(path, course_root=course_root, stream=report)
+    return path, code, report.getvalue()
+
+
+def validate_many(course: Path, paths: Iterable[Path], workers: int = 2) -> dict[Path, tuple]:
+    """What Validate says of each notebook (``(exit code, report)`` by path), ``workers`` at a
+    time in processes that import nbgrader once."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    paths = list(paths)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        results = pool.map(_validate_one, [str(course)] * len(paths), [str(p) for p in paths])
+        return {Path(path): (code, report) for path, code, report in results}
 
 
 # -- results -------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ Students, each a full submission of the five notebooks built from the release:
 
 All of them are graded in one batch with the course's pipeline (:func:`chainrule.grading.run_batch`,
 two workers, feedback and exports included); ``wrong_1`` is graded a second time to check that
-regrading gives the same scores.
+regrading gives the same scores. Every variant is also validated as a student would (the
+visible tests only): right ones pass, and every wrong one fails, except the few special-cased
+ones that only the hidden tests can catch, each listed with the reason.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from assignment_fixtures import (
     graded_test_ids,
     load_variants,
     make_course,
+    validate_many,
     write_submission,
 )
 from chainrule.grading import validate_notebook
+from chainrule.grading.config import load_config
 from chainrule.grading.hidden import split_hidden_tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
@@ -50,6 +54,11 @@ WRONG = {name: [v for v in VARIANTS[name].values() if not v.is_right] for name i
 RIGHT = {name: [v for v in VARIANTS[name].values() if v.is_right] for name in NOTEBOOKS}
 WRONG_STUDENTS = [f"wrong_{i + 1}" for i in range(max(len(w) for w in WRONG.values()))]
 RIGHT_STUDENTS = [f"right_{i + 1}" for i in range(max(len(r) for r in RIGHT.values()))]
+
+
+def test_every_exercise_has_enough_wrong_and_right_solutions():
+    for name in NOTEBOOKS:
+        assert len(WRONG[name]) >= 6 and len(RIGHT[name]) >= 1, name
 
 
 def _student_of(variant):
@@ -65,11 +74,11 @@ def graded(tmp_path_factory):
     write_submission(course, "blank", {n: build_submission(n, instructor=False) for n in NOTEBOOKS})
     for group, students in ((WRONG, WRONG_STUDENTS), (RIGHT, RIGHT_STUDENTS)):
         for i, student in enumerate(students):
-            notebooks = {}
-            for name in NOTEBOOKS:
-                variants = group[name]
-                cells = variants[i].cells if i < len(variants) else {}
-                notebooks[name] = build_submission(name, cells)
+            notebooks = {  # only the notebooks this student has a variant of
+                name: build_submission(name, group[name][i].cells)
+                for name in NOTEBOOKS
+                if i < len(group[name])
+            }
             write_submission(course, student, notebooks)
     students = ["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS]
     result = grade_batch(course, students, feedback=True)
@@ -90,8 +99,10 @@ def test_every_notebook_of_every_submission_is_graded(graded):
     _, outcomes, _ = graded
     assert sorted(outcomes) == sorted(["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS])
     for outcome in outcomes.values():
-        statuses = {nb.name: nb.status for nb in outcome.notebooks}
-        assert statuses == dict.fromkeys(NOTEBOOKS, "graded"), outcome.student
+        statuses = {nb.name: nb.status for nb in outcome.notebooks if nb.submitted}
+        assert set(statuses.values()) == {"graded"}, outcome.student
+        if outcome.student in ("instructor", "blank"):
+            assert sorted(statuses) == sorted(NOTEBOOKS)
 
 
 def _autograded(course, student, notebook):
@@ -158,6 +169,71 @@ def test_instructor_solution_passes_validate(tmp_path, notebook):
     assert validate_notebook(path, course_root=tmp_path, stream=report) == 0, report.getvalue()
 
 
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory):
+    """Validate (the visible tests only, in the student's kernel) on every variant."""
+    folder = tmp_path_factory.mktemp("validate")
+    shutil.copy2(REPO / "nbgrader_config.py", folder / "nbgrader_config.py")
+    paths = {}
+    for name in NOTEBOOKS:
+        for variant in VARIANTS[name].values():
+            path = folder / f"{name}__{variant.name}.ipynb"
+            nbformat.write(build_submission(name, variant.cells, written=True), path)
+            paths[(name, variant.name)] = path
+    results = validate_many(folder, paths.values())
+    return {key: results[path] for key, path in paths.items()}
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [v for name in NOTEBOOKS for v in VARIANTS[name].values()],
+    ids=lambda v: f"{v.notebook}-{v.name}",
+)
+def test_validate_says_what_grading_will(validated, variant):
+    """Right solutions pass Validate; every wrong one fails it, unless only a hard-coded or
+    special-cased solution gets past the visible tests (``hidden_only`` says why)."""
+    code, report = validated[(variant.notebook, variant.name)]
+    if variant.is_right or variant.hidden_only:
+        assert code == 0, report[-3000:]
+    else:
+        assert code == 1, report[-3000:]
+        assert "VALIDATION FAILED" in report
+
+
+def test_the_wrong_solutions_only_the_hidden_tests_catch(validated):
+    """Per exercise, which wrong solutions pass Validate and why: special-cased ones only."""
+    listing = {
+        name: {v.name: v.hidden_only for v in WRONG[name] if v.hidden_only} for name in NOTEBOOKS
+    }
+    passing = {
+        name: {v.name for v in WRONG[name] if validated[(name, v.name)][0] == 0}
+        for name in NOTEBOOKS
+    }
+    assert {name: set(v) for name, v in listing.items()} == passing, listing
+    for name, reasons in listing.items():
+        assert len(reasons) <= len(WRONG[name]) // 3, (
+            name,
+            reasons,
+        )  # the visible tests do the work
+        for variant, why in reasons.items():
+            assert len(why) > 40, (name, variant)  # a reason a reader can check
+
+
+def test_plain_nbgrader_autograde_still_grades_in_the_kernel(tmp_path):
+    """Without the course's grader the test cells run in the student's kernel, as nbgrader
+    always does (unprotected, see the README): the instructor's solution still gets every
+    point, hidden tests included."""
+    from nbgrader.apps import NbGraderAPI
+
+    course = make_course(tmp_path)
+    write_submission(course, "plain", {"ex1_equal_shards": build_submission("ex1_equal_shards")})
+    api = NbGraderAPI(config=load_config(course))
+    result = api.autograde(ASSIGNMENT, "plain")
+    assert result["success"], result.get("error", "")[-3000:]
+    cells = _autograded(course, "plain", "ex1_equal_shards")
+    assert cells and all(c.score == c.max_score for c in cells.values()), _report(cells)
+
+
 def test_regrading_gives_the_same_scores(course):
     student = WRONG_STUDENTS[0]
     before = {n: cell_scores(course, student, n) for n in NOTEBOOKS}
@@ -205,7 +281,10 @@ def test_feedback_shows_no_hidden_test_source(graded):
     assert any(line in autograded for line in hidden)  # nbgrader itself would show them
     for student in outcomes:
         pages = sorted((course / "feedback" / student / ASSIGNMENT).glob("*.html"))
-        assert [p.stem for p in pages] == sorted(NOTEBOOKS), student
+        handed_in = sorted(
+            p.stem for p in (course / "submitted" / student / ASSIGNMENT).glob("*.ipynb")
+        )
+        assert [p.stem for p in pages] == handed_in, student
         submitted = "\n".join(
             cell.source
             for path in (course / "submitted" / student / ASSIGNMENT).glob("*.ipynb")
@@ -224,5 +303,5 @@ def test_grades_and_statuses_are_exported_to_csv(graded):
     assert {line.split(",")[3] for line in export[1:]} == set(outcomes)
     rows = exports["summary"]
     assert len(rows) == len(outcomes) * len(NOTEBOOKS)
-    assert all(row["status"] == "graded" for row in rows)
+    assert {row["status"] for row in rows} == {"graded", "not submitted"}
     assert {row["score"] for row in rows if row["student"] == "blank"} == {"0"}

@@ -152,10 +152,13 @@ def test_startup_rows():
 
 
 @pytest.mark.slow
+@pytest.mark.sandbox
 def test_grading_parallel_grades_equal_sequential():
     rows = grading.measure(submissions=2, notebooks=["ex1_equal_shards"], single=False, rounds=1)
-    check_rows(rows, ["grading.batch"])
-    extra = rows[0]["extra"]
+    check_rows(rows, ["grading.sandbox", "grading.batch"])
+    sandbox = rows[0]["extra"]
+    assert sandbox["identical_grades"] is True and rows[0]["ratio"] > 0
+    extra = rows[1]["extra"]
     assert extra["identical_grades"] is True and extra["all_graded"] is True
     assert extra["batches"] == 2 and extra["speedups"].count(",") == 0
     assert extra["distinct_grades"] == 2  # the second student left a cell unanswered

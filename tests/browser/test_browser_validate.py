@@ -1,9 +1,11 @@
-"""nbgrader's Validate button: the blank exercise fails, a solved copy passes.
+"""nbgrader's Validate button: the blank exercise fails, a solved copy passes, a syntax error
+shows as itself.
 
 The blank exercise is the student version shipped in ``release/``; the solved copy is the
-instructor's version from ``source/`` (solutions in place). Both are copied, with the rest of
-their assignment folder, into a student folder of the served course, as a student would have
-them, and validated from the notebook toolbar; the "Validation Results" dialog is read.
+instructor's version from ``source/`` (solutions in place); the broken copy is the solved one
+with a syntax error in its solution cell. They are copied, with the rest of their assignment
+folder, into a student folder of the served course, as a student would have them, and
+validated from the notebook toolbar; the "Validation Results" dialog is read.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import nbformat
 import pytest
 from lab_page import LabPage
 from lab_server import LabServer
@@ -18,6 +21,7 @@ from lab_server import LabServer
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 EXERCISE = "ex1_equal_shards.ipynb"
+SOLUTION_CELL = "mean_allreduce_scale"
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +36,14 @@ def student_folders(lab_server: LabServer, assignment: str) -> dict[str, str]:
             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"),
         )
         folders[kind] = relative.as_posix()
+    broken = lab_server.root / "student" / "broken" / assignment
+    shutil.copytree(lab_server.root / folders["solved"], broken)
+    nb = nbformat.read(broken / EXERCISE, 4)
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == SOLUTION_CELL:
+            cell.source = cell.source.replace("return ", "return (", 1)
+    nbformat.write(nb, broken / EXERCISE)
+    folders["broken"] = (Path("student") / "broken" / assignment).as_posix()
     return folders
 
 
@@ -69,3 +81,12 @@ def test_validate_reports_success_on_a_solved_copy(
     verdicts, text = validate(lab, f"{student_folders['solved']}/{EXERCISE}")
     assert verdicts == ["validation-success"], text
     assert "Success! Your notebook passes all the tests." in text
+
+
+def test_validate_shows_a_syntax_error_as_itself(
+    lab: LabPage, student_folders: dict[str, str]
+) -> None:
+    verdicts, text = validate(lab, f"{student_folders['broken']}/{EXERCISE}")
+    assert verdicts == ["validation-failed"], text
+    assert f"SyntaxError in cell '{SOLUTION_CELL}'" in text
+    assert "This test then failed with NameError" in text

@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import linecache
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -384,9 +385,18 @@ def _student_cells() -> list[tuple[str, str]]:
 
 
 def _own_source(obj: Any) -> list[tuple[str, str]]:
-    """The source of ``obj`` (a function or class of the notebook) as one labelled cell."""
+    """The whole cell that defines ``obj`` (a function or class of the notebook), labelled.
+
+    The cell, not just the definition, so that Validate judges what grading judges: grading
+    reads the student's cells.
+    """
+    code = getattr(inspect.unwrap(obj), "__code__", None)
+    lines = linecache.getlines(code.co_filename) if code is not None else []
+    label = "defining " + getattr(obj, "__name__", "it")
+    if lines:
+        return [(label, "".join(lines))]
     try:
-        return [("defining " + getattr(obj, "__name__", "it"), inspect.getsource(obj))]
+        return [(label, inspect.getsource(obj))]
     except (OSError, TypeError):
         return []
 
