@@ -16,7 +16,12 @@ c.CourseDirectory.ignore = [
 
 # The exchange: a folder on this machine by default (one-machine set-up, see the README);
 # a multi-user deployment points NBGRADER_EXCHANGE at a shared folder such as /srv/nbgrader/exchange.
-c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", os.path.join(COURSE_ROOT, "exchange"))
+# The default folder is made on first use: nbgrader fails on a missing exchange, and the student's
+# Assignment List would say "Error fetching courses!" instead of that nothing is released yet.
+EXCHANGE = os.environ.get("NBGRADER_EXCHANGE", os.path.join(COURSE_ROOT, "exchange"))
+if "NBGRADER_EXCHANGE" not in os.environ:
+    os.makedirs(EXCHANGE, exist_ok=True)
+c.Exchange.root = EXCHANGE
 c.Exchange.path_includes_course = True
 
 # Student versions: what a removed solution is replaced with.
