@@ -122,6 +122,7 @@ class LiveWidget(ipywidgets.VBox):  # type: ignore[misc]
         if self.plot is not None:
             parts.append(self.plot)
         super().__init__(parts)
+        self.add_class("chainrule-live")  # how a browser test finds the widget on the page
         for control in self.controls.values():
             control.observe(self._changed, names="value")
         self.update()
