@@ -3,6 +3,8 @@ nbgrader extensions; start them from this folder)."""
 
 import os
 
+import nbgrader
+
 c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
 
 COURSE_ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +41,14 @@ c.LimitOutput.max_traceback = 60
 
 # Test cells a student edited are restored from the gradebook; deleted ones are added back.
 c.OverwriteCells.add_missing_cells = True
+
+# Pages rendered from notebooks (the formgrader's submissions) typeset LaTeX with the MathJax that
+# the jupyter-server-mathjax package serves, not one from a CDN: nbconvert's base template folder
+# is looked up here first (nbgrader_templates/base/mathjax.html.j2), after nbgrader's own templates.
+c.HTMLExporter.extra_template_basedirs = [
+    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"),
+    os.path.join(COURSE_ROOT, "nbgrader_templates"),
+]
 
 # Feedback without hidden tests, also from `nbgrader generate_feedback` and the formgrader
 # (nbgrader itself copies hidden tests into the feedback).
