@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COURSE_ITEMS = ("course", "source", "release", "nbgrader_config.py")
+COURSE_ITEMS = ("course", "source", "release", "nbgrader_config.py", "nbgrader_templates")
 
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
