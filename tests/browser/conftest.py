@@ -135,9 +135,18 @@ def released_assignment(lab_server: LabServer, assignment: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of modules that say ``RUNS_BEFORE_RELEASE = True`` run first: they look at the
-    course before the ``released_assignment`` fixture releases anything."""
-    items.sort(key=lambda item: not getattr(item.module, "RUNS_BEFORE_RELEASE", False))
+    """Among the browser tests, those of modules that say ``RUNS_BEFORE_RELEASE = True`` run
+    first: they look at the course before the ``released_assignment`` fixture releases
+    anything. The other tests of the session keep their places (the browser starts with the
+    first browser test, not before the library's tests)."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in Path(item.path).parents]
+    browser = sorted(
+        (items[i] for i in slots),
+        key=lambda item: not getattr(item.module, "RUNS_BEFORE_RELEASE", False),
+    )
+    for i, item in zip(slots, browser, strict=True):
+        items[i] = item
 
 
 @pytest.hookimpl(hookwrapper=True)
