@@ -3,6 +3,8 @@ nbgrader extensions; start them from this folder)."""
 
 import os
 
+import nbgrader
+
 c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
 
 COURSE_ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -16,7 +18,12 @@ c.CourseDirectory.ignore = [
 
 # The exchange: a folder on this machine by default (one-machine set-up, see the README);
 # a multi-user deployment points NBGRADER_EXCHANGE at a shared folder such as /srv/nbgrader/exchange.
-c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE", os.path.join(COURSE_ROOT, "exchange"))
+# The default folder is made on first use: nbgrader fails on a missing exchange, and the student's
+# Assignment List would say "Error fetching courses!" instead of that nothing is released yet.
+EXCHANGE = os.environ.get("NBGRADER_EXCHANGE", os.path.join(COURSE_ROOT, "exchange"))
+if "NBGRADER_EXCHANGE" not in os.environ:
+    os.makedirs(EXCHANGE, exist_ok=True)
+c.Exchange.root = EXCHANGE
 c.Exchange.path_includes_course = True
 
 # Student versions: what a removed solution is replaced with.
@@ -48,6 +55,14 @@ c.Autograde.sanitize_preprocessors = [
 from chainrule.grading.execute import use_validating_execute  # noqa: E402
 
 use_validating_execute()
+
+# Pages rendered from notebooks (the formgrader's submissions) typeset LaTeX with the MathJax that
+# the jupyter-server-mathjax package serves, not one from a CDN: nbconvert's base template folder
+# is looked up here first (nbgrader_templates/base/mathjax.html.j2), after nbgrader's own templates.
+c.HTMLExporter.extra_template_basedirs = [
+    os.path.join(os.path.dirname(nbgrader.__file__), "server_extensions", "formgrader", "templates"),
+    os.path.join(COURSE_ROOT, "nbgrader_templates"),
+]
 
 # Feedback without hidden tests, also from `nbgrader generate_feedback` and the formgrader
 # (nbgrader itself copies hidden tests into the feedback).

@@ -16,6 +16,19 @@ import nbformat
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
+COURSE = REPO / "course"
+
+
+def lesson_notebooks() -> list[Path]:
+    """The start page and the lessons, in order: ``course/NN_name.ipynb``."""
+    return sorted(COURSE.glob("[0-9][0-9]_*.ipynb"))
+
+
+def lesson(number: int) -> Path:
+    """The lesson numbered ``number`` (0 is the start page)."""
+    (path,) = COURSE.glob(f"{number:02d}_*.ipynb")
+    return path
+
 
 _FETCH_PREFIX = "__chainrule_fetch__="
 
@@ -102,3 +115,20 @@ def markdown_text(path: str | Path) -> str:
     """The prose of a notebook: its markdown cells joined."""
     nb = nbformat.read(path, as_version=4)
     return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+def readability_fetch(drawing_names: list[str]) -> list[str]:
+    """Fetch expressions for graph drawings of a lesson (:class:`chainrule.graph.GraphDrawing`):
+    the smallest text on the page, in pixels, and the edges that pass through a box."""
+    return [
+        f"[{name}.smallest_text_px(), {name}.layout.edges_through_boxes()]"
+        for name in drawing_names
+    ]
+
+
+def assert_readable(values: dict[str, Any], drawing_names: list[str], min_px: float = 9.0) -> None:
+    """Every drawing's text is at least ``min_px`` on the page and no edge crosses a box."""
+    for name, expression in zip(drawing_names, readability_fetch(drawing_names), strict=True):
+        smallest, crossings = values[expression]
+        assert smallest >= min_px, f"{name}: text of {smallest:.1f} px on the page"
+        assert crossings == [], f"{name}: edges through boxes {crossings}"

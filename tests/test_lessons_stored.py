@@ -1,6 +1,8 @@
 """Every lesson notebook is stored the same way: valid, without outputs, with cell ids and the
-python3 kernel; every lesson ends by pointing to its exercise; no derived number is typed into
-the prose (the lessons compute them)."""
+python3 kernel's full language information (so that JupyterLab has nothing to add when it opens
+one); numbered 00, 01, ... without gaps, listed and linked in order; every lesson ends by
+pointing to its exercise; no derived number is typed into the prose (the lessons compute them);
+and no lesson gives away an exercise's answer."""
 
 from __future__ import annotations
 
@@ -8,27 +10,71 @@ import re
 
 import nbformat
 import pytest
-from notebook_runner import REPO, markdown_text
+from notebook_runner import COURSE, REPO, lesson_notebooks, markdown_text
 
-COURSE = REPO / "course"
-NOTEBOOKS = sorted(COURSE.glob("*.ipynb"))
-LESSONS = [path for path in NOTEBOOKS if not path.name.startswith("00_")]
+NOTEBOOKS = lesson_notebooks()
+LESSONS = NOTEBOOKS[1:]
 EXERCISES = sorted(p.name for p in (REPO / "release" / "check_yourself").glob("ex*.ipynb"))
 
 # Numbers the syllabus derives (its worked example, the 900/300 weights, float16's largest
 # value, the crossover of lesson 1): the lessons show them as outputs of code, never in prose.
 DERIVED = ["4.25", "7.0", "1.5", "5.5", "1/1800", "1/600", "1/1200", "65504", "2/3"]
 
+# What would hand an exercise's answer over (the exercises ask for these; see each pattern's
+# note). Checked in every cell, code and prose, of every lesson.
+ANSWERS = {
+    "ex1: the exact reduction for unequal shards": r"weighted[ _-]?mean|\|B_p\|\s*/\s*\|B\||"
+    r"\\frac\{\|\\mathcal B_p\|\}\{\|\\mathcal B\|\}|token_weighted",
+    "ex1: which step uses equal sizes": r"(only|one) step .{0,40}(equal|size)|"
+    r"the one place equal sizes|equal-size assumption",
+    "ex2: the per-token weights and the fix": r"1/\(P\s*T_p\)|\\frac\{1\}\{P\s*T_p\}|"
+    r"token_weighting|weighted_by_hand",
+    "ex3: a reusable split-invariance check": r"norm_split_gaps|sharded_norm_gradient|"
+    r"split_invarian",
+    "ex4: the all-gather row's code or derivation": r"gather_from_ranks|gather_replicated|"
+    r"all_gather_replicated|S_q\\Big\(\\sum_p \\bar y_p",
+    "ex5: torch autograd Functions of f and f̄": r"autograd\.Function|duality_torch",
+}
 
-def test_the_course_has_a_start_page_and_seven_lessons():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["00", "01", "02", "03", "04", "05", "06", "07"]
+
+def test_lessons_are_numbered_from_00_without_gaps():
+    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
+    assert numbers == list(range(len(NOTEBOOKS))) and len(NOTEBOOKS) >= 9
+    assert NOTEBOOKS[0].name == "00_start.ipynb"
+
+
+def test_the_start_page_lists_every_lesson_in_order_and_every_exercise():
+    text = markdown_text(NOTEBOOKS[0])
+    rows = re.findall(r"^\| (\d+) \| \[[^\]]+\]\((\d\d_[a-z0-9_]+\.ipynb)\)", text, re.M)
+    assert [(int(n), name) for n, name in rows] == [(int(p.name[:2]), p.name) for p in LESSONS]
+    exercise_links = re.findall(r"\(\.\./release/check_yourself/([^)]+)\)", text)
+    assert EXERCISES and sorted(exercise_links) == EXERCISES
+    assert "Validate" in text and "Assignment List" in text and "Submit" in text
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_every_lesson_has_its_number_and_links_to_the_next(path):
+    number = int(path.name[:2])
+    text = markdown_text(path)
+    assert re.match(rf"# {number} ·|# {number}\. ", text), f"{path.name} has no '# {number}' title"
+    for target in re.findall(r"\]\((\d\d_[a-z0-9_]+\.ipynb)\)", text):
+        assert (COURSE / target).is_file(), f"{path.name} links to a missing {target}"
+    if number < len(LESSONS):
+        following = NOTEBOOKS[number + 1].name
+        assert re.search(rf"Next: \[{number + 1}\. [^\]]+\]\({following}\)", text), path.name
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_stored_without_outputs_with_ids_and_kernelspec(path):
+def test_stored_without_outputs_with_ids_and_the_kernels_language_info(path):
+    from ipykernel.ipkernel import IPythonKernel
+
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     assert nb.metadata.kernelspec.name == "python3"
+    expected = {k: v for k, v in IPythonKernel.language_info.items() if k != "version"}
+    stored = dict(nb.metadata.language_info)
+    assert re.fullmatch(r"\d+\.\d+\.\d+", stored.pop("version"))
+    assert stored == expected  # JupyterLab writes these on opening; stored, it has nothing to do
     ids = [cell.get("id") for cell in nb.cells]
     assert all(ids) and len(set(ids)) == len(ids)
     for cell in nb.cells:
@@ -50,3 +96,13 @@ def test_no_derived_number_is_typed_into_the_prose(path):
     text = "\n".join(x for x in markdown_text(path).splitlines() if not x.startswith("#"))
     typed = [n for n in DERIVED if re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", text)]
     assert typed == [], f"{path.name} types {typed} into its prose"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_no_lesson_gives_an_exercise_answer_away(path):
+    nb = nbformat.read(path, as_version=4)
+    found = {
+        what: [i for i, cell in enumerate(nb.cells) if re.search(pattern, cell.source, re.I)]
+        for what, pattern in ANSWERS.items()
+    }
+    assert {what: cells for what, cells in found.items() if cells} == {}, path.name

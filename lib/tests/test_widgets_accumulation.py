@@ -119,3 +119,20 @@ def test_fp16_widget_builds_its_own_pool():
     widget = acc.build_fp16_widget()
     assert widget.controls["k"].max == 32
     assert widget.last_result.overflow_first is None
+
+
+def test_a_dynamic_scaler_gives_both_strategies_the_same_float16_buffer():
+    model, x, y = acc.make_regression(n=64)
+    pool = acc.micro_batch_gradients(model, x, y, 8)
+    scale_after, buffer_after = acc.dynamic_loss_scale(pool, scale_loss_first=False)
+    scale_first, buffer_first = acc.dynamic_loss_scale(pool, scale_loss_first=True)
+    assert scale_first == 8 * scale_after  # the scaler settles on a k times smaller S
+    assert buffer_after.dtype == np.float16 and np.array_equal(buffer_after, buffer_first)
+
+
+def test_fp16_widget_at_the_ends_of_its_controls(sweep):
+    widget = acc.build_fp16_widget(k=8)
+    for _, _ in sweep(widget):
+        assert "e+" not in widget.table.value  # numbers in plain digits or powers of two
+    widget.controls["log2_scale"].value = 21
+    assert "2^21" in widget.table.value

@@ -1,4 +1,5 @@
-"""Lesson 7's global graph: θ fans out to P copies, and backward sums them into the all-reduce."""
+"""The global graphs of lessons 3 and 8: a replicated θ fans out to P copies and backward sums
+them (the all-reduce); a sharded θ gets its own slice of the gradient with no sum at all."""
 
 import numpy as np
 import pytest
@@ -46,16 +47,41 @@ def test_graph_shape_theta_fans_out_to_every_rank():
     assert {"θ on rank 0", "θ on rank 2", "L_1", "x on rank 2"} <= names
 
 
-def test_drawing_names_every_copy():
-    figure = dg.draw_global_graph(dg.data_parallel_graph(1.0, _shards(2)))
-    texts = [t.get_text() for t in figure.axes[0].texts if t.get_text()]  # arrows have no text
-    joined = " ".join(texts)
-    assert "θ on rank 0" in joined and "θ on rank 1" in joined and "fan-out ×2" in joined
-    drawn = graph.Graph.from_tensor(
-        dg.data_parallel_graph(1.0, _shards(2)).loss, scalar_constants=False
+def test_drawing_names_every_copy_and_marks_it_as_a_copy():
+    drawing = dg.draw_global_graph(dg.data_parallel_graph(1.0, _shards(2)))
+    titles = [box.lines[0] for box in drawing.layout.boxes.values()]
+    assert "θ on rank 0 = copy" in titles and "θ on rank 1 = copy" in titles
+    theta = next(box for box in drawing.layout.boxes.values() if box.lines[0] == "θ")
+    assert "Σ fan-out ×2" in theta.lines
+    assert not any(
+        box.kind == "constant" and box.lines[0][0].isdigit()
+        for box in drawing.layout.boxes.values()
+    )  # no scalar constants
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_a_sharded_parameter_gets_its_slice_of_the_gradient_without_a_sum(world):
+    rng = np.random.default_rng(world)
+    theta, x, y = (
+        rng.standard_normal(2 * world),
+        rng.standard_normal((5, 2 * world)),
+        rng.standard_normal(5),
     )
-    assert len(texts) == len(drawn.nodes)  # one label per node, no scalar constants
-    assert not any(n.shape == () and n.kind == "constant" for n in drawn.nodes)
+    g = dg.sharded_parameter_graph(theta, x, y, world)
+    g.loss.backward()
+    residual = x @ theta - y
+    full = x.T @ residual / len(y)  # ∇ of mean ½(Xθ − y)² on one device
+    np.testing.assert_allclose(np.concatenate([s.grad for s in g.shards]), full, atol=1e-14)
+    np.testing.assert_allclose(g.prediction.data, x @ theta, atol=1e-14)
+    for z in g.partials:  # the sum hands every addend the same gradient
+        np.testing.assert_array_equal(z.grad, g.prediction.grad)
+    full_graph = graph.Graph.from_tensor(g.loss)
+    assert [n.name for n in full_graph.fan_out_nodes()] == []  # nothing is replicated
+
+
+def test_the_sharded_parameter_must_cut_evenly():
+    with pytest.raises(ValueError, match="equal slices"):
+        dg.sharded_parameter_graph(np.ones(3), np.ones((2, 3)), np.ones(2), 2)
 
 
 def test_no_shards_is_an_error():

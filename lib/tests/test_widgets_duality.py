@@ -128,3 +128,17 @@ def test_widget_follows_the_selected_row_and_world_size():
     assert len(widget.last_result.gradients) == 4
     np.testing.assert_array_equal(widget.last_result.gradients[3][:2], [100.0, 101.0])
     assert bytes(widget.plot.value) != before
+
+
+def test_widget_offers_the_syllabus_rows_and_reads_at_four_ranks(sweep):
+    widget = dw.build_duality_widget("identity", 2)
+    keys = [key for _, key in widget.controls["key"].options]
+    assert "all_gather_replicated" not in keys and len(keys) == 6
+    for name, value in sweep(widget):
+        assert widget.last_result.world_size == widget.controls["world_size"].value
+        assert widget.last_result.row.key == widget.controls["key"].value, (name, value)
+    widget.controls["world_size"].value = 4
+    for key in keys:  # the widest picture of every row fits the page at 4 ranks
+        widget.controls["key"].value = key
+        png = bytes(widget.plot.value)
+        assert int.from_bytes(png[16:20], "big") <= 940

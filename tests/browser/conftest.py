@@ -7,7 +7,8 @@
   tests are skipped, except in CI (``CI`` set), where that is a failure.
 - ``lab`` (per test): a new page, on a fresh JupyterLab workspace, wrapped in ``LabPage``.
 - ``released_assignment`` (session): the instructor's ``nbgrader generate_assignment`` and
-  ``release_assignment`` of ``check_yourself`` in the course copy.
+  ``release_assignment`` of ``check_yourself`` in the course copy. Tests that must see the
+  course before any release set ``RUNS_BEFORE_RELEASE = True`` in their module and run first.
 
 Screenshots go to ``test-artifacts/browser/`` (git-ignored): the pages a test records as it
 goes, and ``<test>__FAILED.png`` when a test fails. The server log is kept there too.
@@ -131,6 +132,21 @@ def released_assignment(lab_server: LabServer, assignment: str) -> str:
             f"{' '.join(command)} failed:\n{output}"
         )
     return assignment
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Among the browser tests, those of modules that say ``RUNS_BEFORE_RELEASE = True`` run
+    first: they look at the course before the ``released_assignment`` fixture releases
+    anything. The other tests of the session keep their places (the browser starts with the
+    first browser test, not before the library's tests)."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in Path(item.path).parents]
+    browser = sorted(
+        (items[i] for i in slots),
+        key=lambda item: not getattr(item.module, "RUNS_BEFORE_RELEASE", False),
+    )
+    for i, item in zip(slots, browser, strict=True):
+        items[i] = item
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -9,6 +9,7 @@ Nothing here sleeps for a fixed time: every wait is on something JupyterLab show
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -191,6 +192,50 @@ class LabPage:
             arg=[handle.element_handle(), before],
         )
         return before, handle.get_attribute("aria-valuenow")
+
+    def has_unsaved_changes(self, notebook_name: str) -> bool:
+        """Whether the notebook's tab shows the unsaved-changes mark."""
+        return (
+            self.page.locator(
+                ".lm-TabBar-tab.jp-mod-dirty", has_text=re.compile(f"^{re.escape(notebook_name)}$")
+            ).count()
+            > 0
+        )
+
+    def live_widgets(self) -> list[Locator]:
+        """The course's live widgets (:class:`chainrule.widgets.live_widget.LiveWidget`) in the
+        current notebook, in page order."""
+        return self.page.locator(
+            ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .chainrule-live"
+        ).all()
+
+    def wait_for_widget_state(
+        self, widget: Locator, before: str, notebook_name: str, timeout_ms: int = WIDGET_TIMEOUT_MS
+    ) -> dict:
+        """Wait until the widget's state record differs from ``before`` (its JSON text) and the
+        kernel is idle; the record then: ``{"values": {...}, "error": "..."}``."""
+        marker = widget.locator(".chainrule-state")
+        try:
+            self.page.wait_for_function(
+                "([el, old]) => el.querySelector('.chainrule-state') &&"
+                " el.querySelector('.chainrule-state').dataset.values !== old",
+                arg=[widget.element_handle(), before],
+                timeout=timeout_ms,
+                polling=POLL_MS,
+            )
+        except PlaywrightTimeoutError:
+            raise AssertionError(
+                f"a widget of {notebook_name} did not recompute within {timeout_ms / 1000:.0f} s"
+            ) from None
+        self.wait_for_kernel_idle(notebook_name)
+        return {
+            "values": json.loads(marker.get_attribute("data-values") or "{}"),
+            "error": marker.get_attribute("data-error") or "",
+        }
+
+    def widget_state(self, widget: Locator) -> str:
+        """The JSON text of the values the widget shows now."""
+        return widget.locator(".chainrule-state").get_attribute("data-values") or ""
 
     def wait_for_outputs_to_change(
         self, before: str, notebook_name: str, timeout_ms: int = WIDGET_TIMEOUT_MS

@@ -2,8 +2,9 @@
 
 ``LabServer.start(course_root, workdir)`` copies the course (``course/``, ``source/``,
 ``release/``, ``nbgrader_config.py``) into ``workdir/course``, gives the server its own
-Jupyter config, data, runtime, IPython and JupyterLab settings folders under ``workdir`` and an
-nbgrader exchange at ``workdir/exchange``, starts ``jupyter lab`` from the course copy (the
+Jupyter config, data, runtime, IPython and JupyterLab settings folders under ``workdir``, leaves
+the nbgrader exchange where a fresh clone has it (``exchange/`` of the course copy, which
+``nbgrader_config.py`` makes on first use), starts ``jupyter lab`` from the course copy (the
 nbgrader extensions read ``nbgrader_config.py`` from the server's working directory) and waits
 until ``/api/status`` answers. ``stop()`` asks the server to shut down (which ends its kernels),
 then ends whatever is left of it and of the kernels it started, by process id.
@@ -29,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COURSE_ITEMS = ("course", "source", "release", "nbgrader_config.py")
+COURSE_ITEMS = ("course", "source", "release", "nbgrader_config.py", "nbgrader_templates")
 
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
@@ -105,7 +106,6 @@ class LabServer:
         folders = {
             name: workdir / name
             for name in (
-                "exchange",
                 "jupyter_config",
                 "jupyter_data",
                 "jupyter_runtime",
@@ -118,10 +118,10 @@ class LabServer:
             folder.mkdir(parents=True, exist_ok=True)
         write_lab_settings(folders["lab_settings"])
         venv_bin = str(Path(sys.executable).parent)
+        outside = {k: v for k, v in os.environ.items() if k != "NBGRADER_EXCHANGE"}
         env = dict(
-            os.environ,
+            outside,
             PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""),
-            NBGRADER_EXCHANGE=str(folders["exchange"]),
             JUPYTER_CONFIG_DIR=str(folders["jupyter_config"]),
             JUPYTER_DATA_DIR=str(folders["jupyter_data"]),
             JUPYTER_RUNTIME_DIR=str(folders["jupyter_runtime"]),
@@ -133,7 +133,7 @@ class LabServer:
             workdir=workdir,
             course_root=course_root,
             root=root,
-            exchange=folders["exchange"],
+            exchange=root / "exchange",
             env=env,
             port=free_port(),
             token=secrets.token_hex(16),

@@ -1,4 +1,4 @@
-"""Gradient accumulation, the averaging identity in time: the computations behind lesson 5.
+"""Gradient accumulation, the averaging identity in time: the computations behind lesson 6.
 
 Split a batch of equal-sized micro-batches ``B_1..B_k`` and let ``L_j`` be the mean loss on
 ``B_j``. The batch loss is ``L = (1/k) Σ_j L_j``, so by linearity
@@ -9,9 +9,11 @@ run k backward passes of ``L_j/k`` into the same gradient buffer and it holds ``
 (:func:`accumulation_check`).
 
 Scaling the *loss* by 1/k (before backward) rather than the accumulated gradient (after the
-k-th backward) matters in float16 with a loss scale S: the buffer of the second strategy
-holds ``S Σ_j ∇L_j``, k times the magnitude of the result, and overflows first
-(:func:`fp16_accumulation`, :func:`build_fp16_widget`).
+k-th backward) matters in float16 with a *fixed* loss scale S chosen for one micro-batch: the
+buffer of the second strategy holds ``S Σ_j ∇L_j``, k times the magnitude of the result, and
+overflows first (:func:`fp16_accumulation`, :func:`build_fp16_widget`). A *dynamic* scaler
+erases the difference: it settles on a k times smaller S for the second strategy, and then
+both buffers hold the same float16 numbers (:func:`dynamic_loss_scale`).
 
 Data-parallel accumulation all-reduces once per step, not once per micro-batch, by skipping
 the sync ("no sync") on the first k−1 backward passes; the gradient is the same either way
@@ -22,15 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import ipywidgets
+import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from chainrule import data_parallel, dist, ops
 from chainrule.nn import MLP
 from chainrule.tensor import Tensor
-from chainrule.widgets.live import LiveWidget, html_table
+from chainrule.widgets.live_widget import LiveWidget
+from chainrule.widgets.tables import html_table, number, power_of_two
 
 FP16_MAX = float(np.finfo(np.float16).max)
 """The largest finite float16 number, 65504: anything larger rounds to inf."""
@@ -201,38 +206,96 @@ def largest_safe_scale(micro_grads: np.ndarray) -> float:
     return float(2.0 ** np.floor(np.log2(FP16_MAX / peak)))
 
 
+def dynamic_loss_scale(
+    micro_grads: np.ndarray, scale_loss_first: bool, start: float = 2.0**24
+) -> tuple[float, np.ndarray]:
+    """What a dynamic loss scaler settles on for one accumulation step, and the buffer then.
+
+    Starting from ``start``, the scale is halved while the float16 buffer of the chosen
+    strategy (see :class:`Fp16Accumulation`) overflows anywhere in the k micro-batches.
+    Returns the scale and the final float16 buffer (before unscaling).
+    """
+    scale = float(start)
+    while scale >= 1.0:
+        result = fp16_accumulation(micro_grads, scale)
+        peaks = result.peak_first if scale_loss_first else result.peak_after
+        if np.all(np.isfinite(peaks)):
+            return scale, _buffer(micro_grads, scale, scale_loss_first)
+        scale /= 2
+    raise ValueError("no loss scale of at least 1 keeps the buffer finite")
+
+
+def _buffer(micro_grads: np.ndarray, scale: float, scale_loss_first: bool) -> np.ndarray:
+    """The float16 buffer after the k micro-batches of one strategy (see fp16_accumulation)."""
+    grads = np.asarray(micro_grads, dtype=np.float64)
+    factor = scale / len(grads) if scale_loss_first else scale
+    buffer = np.zeros(grads.shape[1], dtype=np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for g in grads:
+            buffer = buffer + (factor * g).astype(np.float16)
+    return buffer
+
+
 def plot_fp16_accumulation(result: Fp16Accumulation) -> Figure:
-    """``max |buffer|`` after each micro-batch for both strategies, with the float16 limit."""
-    figure = Figure(figsize=(6, 3.2))
+    """``max |buffer|`` after each micro-batch for both strategies, with the float16 limit.
+
+    The two strategies have different markers (filled circles, open squares) so that both
+    show where they coincide (k = 1); an overflow is a cross above the limit, in the
+    strategy's colour; the legend sits under the axes, clear of every line.
+    """
+    figure = Figure(figsize=(7.0, 3.9))
     ax = figure.subplots()
+    figure.subplots_adjust(left=0.11, right=0.97, top=0.9, bottom=0.33)
     steps = np.arange(1, result.k + 1)
-    for peaks, label, marker in (
-        (result.peak_after, "scale the gradient after", "o"),
-        (result.peak_first, "scale each loss by 1/k first", "s"),
-    ):
+    styles: tuple[tuple[np.ndarray, str, dict[str, Any]], ...] = (
+        (result.peak_after, "scale the gradient after", dict(marker="o", markersize=5)),
+        (
+            result.peak_first,
+            "scale each loss by 1/k first",
+            dict(marker="s", markersize=9, markerfacecolor="none", markeredgewidth=1.5),
+        ),
+    )
+    overflowed = False
+    for height, (peaks, label, style) in zip((3.0, 6.0), styles, strict=True):
         finite = np.isfinite(peaks)
-        ax.plot(steps[finite], peaks[finite], marker=marker, label=label)
-        if not finite.all():
+        (line,) = ax.plot(steps[finite], peaks[finite], label=label, linewidth=1.2, **style)
+        if not finite.all():  # an overflow: a cross in the strategy's colour, above the limit
+            overflowed = True
             ax.plot(
                 steps[~finite],
-                [FP16_MAX * 1.6] * int((~finite).sum()),
+                [FP16_MAX * height] * int((~finite).sum()),
                 "x",
-                color="red",
-                label=f"{label}: inf",
+                color=line.get_color(),
+                markersize=8,
+                markeredgewidth=2,
             )
-    ax.axhline(FP16_MAX, color="black", linestyle="--", linewidth=1)
-    ax.annotate(f"float16 max {FP16_MAX:g}", (1, FP16_MAX), va="bottom", fontsize=8)
+    if overflowed:
+        ax.plot([], [], "x", color="grey", markeredgewidth=2, label="overflow to inf (×)")
+    ax.axhline(
+        FP16_MAX,
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"largest float16, {number(FP16_MAX)}",
+    )
     ax.set_yscale("log")
+    finite_peaks = np.concatenate(
+        [p[np.isfinite(p)] for p in (result.peak_after, result.peak_first)]
+    )
+    low = min(float(finite_peaks.min()) if finite_peaks.size else FP16_MAX, FP16_MAX) / 4
+    ax.set_ylim(max(low, 1e-8), FP16_MAX * 20)
+    ax.set_xlim(0.5, result.k + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("micro-batch j")
     ax.set_ylabel("max |gradient buffer|")
-    ax.set_title(f"k = {result.k}, loss scale S = {result.loss_scale:g}")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"k = {result.k}, loss scale S = {power_of_two(result.loss_scale)}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     return figure
 
 
 def _largest_finite(peaks: np.ndarray) -> str:
     finite = peaks[np.isfinite(peaks)]
-    return f"{finite.max():.6g}" if finite.size else "none"
+    return number(float(finite.max())) if finite.size else "none"
 
 
 def _fp16_table(result: Fp16Accumulation) -> str:
@@ -251,7 +314,11 @@ def _fp16_table(result: Fp16Accumulation) -> str:
             when(result.overflow_first),
         ],
     ]
-    return html_table(["strategy", "largest finite buffer value", "overflow to inf"], rows)
+    return (
+        f"<p>k = {result.k} micro-batches, fixed loss scale S = "
+        f"{power_of_two(result.loss_scale)}</p>"
+        + html_table(["strategy", "largest finite buffer value", "overflow to inf"], rows)
+    )
 
 
 def build_fp16_widget(
@@ -271,8 +338,12 @@ def build_fp16_widget(
     if log2_scale is None:
         log2_scale = int(np.log2(largest_safe_scale(pool)))
     controls = {
-        "k": ipywidgets.IntSlider(value=min(k, len(pool)), min=1, max=len(pool), description="k"),
-        "log2_scale": ipywidgets.IntSlider(value=log2_scale, min=0, max=24, description="log2 S"),
+        "k": ipywidgets.IntSlider(
+            value=min(k, len(pool)), min=1, max=len(pool), description="micro-batches k"
+        ),
+        "log2_scale": ipywidgets.IntSlider(
+            value=log2_scale, min=0, max=24, description="loss scale log₂ S"
+        ),
     }
 
     def compute(k: int, log2_scale: int) -> Fp16Accumulation:

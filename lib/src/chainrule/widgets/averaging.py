@@ -5,16 +5,15 @@ The model is the smallest possible: least squares with one parameter,
     ℓ(x, y; w) = ½(wx − y)²,      ∂ℓ/∂w = (wx − y)·x.
 
 The batch ``B`` is split into shards ``B_1 … B_P`` (rank p holds ``B_p``) and rank p computes
-the gradient of its local mean ``L_p = (1/|B_p|) Σ_{i∈B_p} ℓ_i``. Three reductions are compared:
+the gradient of its local mean ``L_p = (1/|B_p|) Σ_{i∈B_p} ℓ_i``. Two numbers are compared:
 
 - the full batch on one device: ``∇L = (1/|B|) Σ_{i∈B} ∇ℓ_i``;
 - the plain mean of the local gradients (an all-reduce AVG): ``(1/P) Σ_p ∇L_p``, equal to ``∇L``
-  when every ``|B_p| = |B|/P``;
-- the weighted mean ``Σ_p (|B_p|/|B|) ∇L_p``, equal to ``∇L`` for any shard sizes, because
-  ``|B_p| ∇L_p = Σ_{i∈B_p} ∇ℓ_i`` puts every example back with weight ``1/|B|``.
+  when every shard has the same size, and in general not otherwise (which reduction is exact
+  for any sizes is the first graded exercise).
 
-:func:`averaging_result` computes all three (each local gradient by the engine's backward
-pass, checked against the closed form in the tests); :func:`averaging_markdown` renders the
+:func:`averaging_result` computes both (each local gradient by the engine's backward pass,
+checked against the closed form in the tests); :func:`averaging_markdown` renders the
 syllabus's table from the computed values and :func:`build_averaging_widget` lets a reader
 edit the examples, the number of ranks, the shard sizes and ``w``.
 """
@@ -26,12 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-import ipywidgets
+import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
 
 from chainrule.tensor import Tensor
-from chainrule.widgets.live import LiveWidget, html_table, markdown_table
+from chainrule.widgets.live_widget import LiveWidget
+from chainrule.widgets.tables import html_table, markdown_table
 
 Example = tuple[float, float]
 
@@ -58,6 +58,7 @@ def local_mean_gradient(examples: Sequence[Example], w: float) -> float:
     weight = Tensor(w, requires_grad=True)
     loss = (0.5 * (weight * xs - ys) ** 2).mean()
     loss.backward()
+    assert weight.grad is not None
     return float(weight.grad)
 
 
@@ -129,12 +130,11 @@ class Shard:
 
 @dataclass(frozen=True)
 class AveragingResult:
-    """Each rank's local gradient and the three reductions of lesson 3."""
+    """Each rank's local gradient, their plain mean and the full-batch gradient."""
 
     w: float
     shards: tuple[Shard, ...]
     mean_of_means: float  # (1/P) Σ_p ∇L_p
-    weighted_mean: float  # Σ_p (|B_p|/|B|) ∇L_p
     full_batch: float  # (1/|B|) Σ_i ∇ℓ_i
 
     @property
@@ -150,27 +150,21 @@ class AveragingResult:
         """How far the plain mean of local means is from the full-batch gradient."""
         return self.mean_of_means - self.full_batch
 
-    @property
-    def weighted_error(self) -> float:
-        return self.weighted_mean - self.full_batch
-
 
 def averaging_result(
     examples: Sequence[Example], shard_sizes: Sequence[int] | None, w: float
 ) -> AveragingResult:
     """Split ``examples`` into consecutive shards of ``shard_sizes`` (``None``: two as equal as
-    possible, as in the worked example), compute every ``∇L_p`` and the three reductions."""
+    possible, as in the worked example), compute every ``∇L_p``, their mean and ``∇L``."""
     sizes = equal_shard_sizes(len(examples), 2) if shard_sizes is None else list(shard_sizes)
     shards = tuple(
         Shard(rank, part, local_mean_gradient(part, w))
         for rank, part in enumerate(split_into_shards(examples, sizes))
     )
-    total = len(examples)
     return AveragingResult(
         w=w,
         shards=shards,
         mean_of_means=float(np.mean([s.local_mean for s in shards])),
-        weighted_mean=float(sum(s.size / total * s.local_mean for s in shards)),
         full_batch=local_mean_gradient(examples, w),
     )
 
@@ -231,20 +225,6 @@ def _rows(result: AveragingResult, math: bool) -> tuple[list[str], list[list[str
     else:
         mean = f"1/{p}·({locals_}) = {_value(result.mean_of_means)}"
     rows.append([mean_label, mean, ""])
-    if not result.equal_shards:
-        parts = (
-            " + ".join(
-                rf"{_fraction(s.size, n, True)}\cdot {_value(s.local_mean)}" for s in result.shards
-            )
-            if math
-            else " + ".join(f"{s.size}/{n}·{_value(s.local_mean)}" for s in result.shards)
-        )
-        weighted = (
-            wrap(f"{parts}={_value(result.weighted_mean)}")
-            if math
-            else f"{parts} = {_value(result.weighted_mean)}"
-        )
-        rows.append(["Weighted mean (weight = shard size / batch size)", weighted, ""])
     every = [example_gradient(x, y, result.w) for s in result.shards for x, y in s.examples]
     terms = " + ".join(_value(g).removesuffix(".0") for g in every)
     if math:
@@ -265,12 +245,14 @@ def _verdict(result: AveragingResult) -> str:
             f"{relation} the full-batch gradient {full}."
         )
     sizes = ", ".join(str(s.size) for s in result.shards)
-    restored = bool(np.isclose(result.weighted_mean, result.full_batch))
+    if np.isclose(result.mean_of_means, result.full_batch):
+        return (
+            f"Unequal shards ({sizes}): here the plain mean of means happens to equal the "
+            f"full-batch gradient {full}, by coincidence of these numbers."
+        )
     return (
         f"Unequal shards ({sizes}): the plain mean of means, {_value(result.mean_of_means)}, is "
-        f"off by {_value(result.mean_of_means_error)} from the full-batch gradient {full}; the "
-        f"weighted mean, {_value(result.weighted_mean)}, "
-        + ("restores it." if restored else "does not match it either.")
+        f"off by {_value(result.mean_of_means_error)} from the full-batch gradient {full}."
     )
 
 
@@ -287,33 +269,30 @@ def averaging_html(result: AveragingResult) -> str:
 
 
 def plot_averaging(result: AveragingResult) -> Figure:
-    """Each rank's local gradient as a bar (width ∝ shard size), with the full-batch gradient,
-    the plain mean of means and the weighted mean as horizontal lines."""
-    figure = Figure(figsize=(6.5, 3.4))
+    """Each rank's local gradient as a bar (width ∝ shard size), with the full-batch gradient
+    and the plain mean of the local gradients as horizontal lines."""
+    figure = Figure(figsize=(7.2, 3.4))
     ax = figure.subplots()
-    figure.subplots_adjust(left=0.12, right=0.7, bottom=0.15, top=0.88)
+    figure.subplots_adjust(left=0.11, right=0.7, bottom=0.2, top=0.88)
     n = result.num_examples
-    left = 0.0
+    left, centres, labels = 0.0, [], []
     for shard in result.shards:
         width = shard.size / n
         ax.bar(left + width / 2, shard.local_mean, width=width * 0.95, color="#9ecae1")
-        ax.text(
-            left + width / 2,
-            0,
-            f"rank {shard.rank}\n|B_p|={shard.size}",
-            ha="center",
-            va="bottom",
-            fontsize="small",
-        )
+        centres.append(left + width / 2)
+        labels.append(f"rank {shard.rank}\n|B_p|={shard.size}")
         left += width
     ax.axhline(result.full_batch, color="black", linewidth=2, label="full batch ∇L")
     ax.axhline(result.mean_of_means, color="#d62728", linestyle="--", label="mean of means")
-    ax.axhline(
-        result.weighted_mean, color="#2ca02c", linestyle=":", linewidth=2, label="weighted mean"
-    )
+    ax.axhline(0, color="grey", linewidth=0.6)
+    values = [s.local_mean for s in result.shards] + [result.full_batch, 0.0]
+    low, high = min(values), max(values)
+    pad = 0.12 * (high - low) or 1.0
+    ax.set_ylim(low - pad, high + pad)
     ax.set_xlim(0, 1)
-    ax.set_xticks([])
-    ax.set_xlabel("ranks (bar width ∝ shard size)")
+    # Rank labels under the axis: they never meet the bars, the lines or the title.
+    ax.set_xticks(centres, labels, fontsize=8 if len(labels) <= 4 else 7)
+    ax.tick_params(axis="x", length=0)
     ax.set_ylabel("gradient dL/dw")
     ax.set_title(f"w = {result.w:g}: mean of means − ∇L = {_value(result.mean_of_means_error)}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small")
@@ -329,8 +308,9 @@ def build_averaging_widget(
     """Edit the examples, the number of ranks, the shard sizes and w; the table and the plot
     update.
 
-    ``widget.controls``: ``examples`` (text of ``(x, y)`` pairs), ``num_ranks`` (slider; moving
-    it resets the shard sizes to an equal split), ``shard_sizes`` (text such as ``"3, 1"``)
+    ``widget.controls``: ``examples`` (text of ``(x, y)`` pairs), ``num_ranks`` (slider, at most
+    one rank per example; moving it resets the shard sizes to a split as equal as possible),
+    ``shard_sizes`` (text such as ``"3, 1"``)
     and ``w`` (slider). ``widget.last_result`` is the :class:`AveragingResult`,
     ``widget.table.value`` its HTML table, ``widget.plot.value`` the PNG of
     :func:`plot_averaging`, ``widget.error`` the message when the inputs do not fit together.
@@ -339,7 +319,10 @@ def build_averaging_widget(
     examples_box = ipywidgets.Text(
         value=format_examples(examples), description="examples", continuous_update=False
     )
-    ranks = ipywidgets.IntSlider(value=num_ranks, min=1, max=8, description="ranks P")
+    count = len(examples)
+    ranks = ipywidgets.IntSlider(
+        value=min(num_ranks, count), min=1, max=min(8, count), description="ranks P"
+    )
     sizes_box = ipywidgets.Text(
         value=", ".join(map(str, sizes)), description="shard sizes", continuous_update=False
     )
@@ -350,6 +333,8 @@ def build_averaging_widget(
             count = len(parse_examples(examples_box.value))
         except ValueError:
             return
+        # Never more ranks than examples: every rank needs one example for its local mean.
+        ranks.max = min(8, count)
         sizes_box.value = ", ".join(map(str, equal_shard_sizes(count, ranks.value)))
 
     # Registered before the LiveWidget's own observers, so the sizes already fit the new

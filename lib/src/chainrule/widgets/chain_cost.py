@@ -1,4 +1,4 @@
-"""Lesson 1's widget: the two association orders of a chain of Jacobians, counted and timed.
+"""Lesson 1's widget: the two association orders of a chain of Jacobians, counted.
 
 A chain of ``n`` layers with input size ``d_0``, hidden width ``w`` and output size ``m`` has
 widths ``d = (d_0, w, …, w, m)`` and Jacobians ``J_k`` of shape ``(d_k, d_{k-1})``. The whole
@@ -10,21 +10,24 @@ Jacobian ``J = J_n ⋯ J_1`` can be accumulated in two orders (see :mod:`chainru
 
 Both are linear in the number of sweeps, so they cross where ``m = d_0``: reverse mode wins
 whenever the output is smaller than the input, which for a scalar loss is always.
-:func:`chain_cost_report` computes both counts over a range of output sizes, times both orders
-with numpy at a few of them, and :func:`build_chain_cost_widget` puts sliders on top.
+:func:`chain_cost_report` computes both counts over a range of output sizes and
+:func:`build_chain_cost_widget` puts sliders on top. The counts are exact; timings, which depend
+on the machine and on what else it runs, are taken once in the lesson with
+:func:`chainrule.chain_cost.time_chain` (the median of repeats), not on every slider move.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ipywidgets
+import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, LogLocator
 
-from chainrule.chain_cost import ChainTiming, crossover, forward_flops, reverse_flops, time_chain
-from chainrule.widgets.live import LiveWidget, html_table, markdown_table
+from chainrule.chain_cost import crossover, forward_flops, reverse_flops
+from chainrule.widgets.live_widget import LiveWidget
+from chainrule.widgets.tables import html_table, markdown_table
 
 
 def chain_widths(
@@ -44,11 +47,10 @@ def chain_widths(
 
 @dataclass(frozen=True)
 class ChainCostReport:
-    """Counted and measured cost of both orders for one chain, and their curves over ``m``.
+    """The counted cost of both orders for one chain, and their curves over the output size.
 
     ``output_sizes`` with ``reverse_curve``/``forward_curve`` are multiply-add counts as the
-    output size varies (all other widths fixed); ``timings`` are numpy measurements (median of
-    repeats) at a few output sizes, the current one included.
+    output size varies (all other widths fixed).
     """
 
     widths: tuple[int, ...]
@@ -58,7 +60,6 @@ class ChainCostReport:
     output_sizes: tuple[int, ...]
     reverse_curve: tuple[int, ...]
     forward_curve: tuple[int, ...]
-    timings: tuple[ChainTiming, ...]
 
     @property
     def output_size(self) -> int:
@@ -80,19 +81,6 @@ class ChainCostReport:
             return "neither (they are equal)"
         return "reverse mode" if self.reverse_flops < self.forward_flops else "forward mode"
 
-    @property
-    def current_timing(self) -> ChainTiming | None:
-        """The measurement at the chain's own output size, if timed."""
-        for timing in self.timings:
-            if timing.widths == self.widths:
-                return timing
-        return None
-
-
-def _timing_sizes(output_size: int, input_size: int, largest: int) -> list[int]:
-    """A few output sizes worth timing: 1, the crossover d_0, the current m, the largest."""
-    return sorted({1, input_size, output_size, largest})
-
 
 def chain_cost_report(
     n_layers: int,
@@ -100,29 +88,14 @@ def chain_cost_report(
     output_size: int,
     input_size: int | None = None,
     largest_output: int | None = None,
-    measure: bool = True,
-    repeats: int = 3,
-    seed: int = 0,
-    timing_budget: int = 30_000_000,
 ) -> ChainCostReport:
     """Count both orders for the chain ``chain_widths(n_layers, width, output_size,
-    input_size)``, sweep the output size from 1 to ``largest_output`` (default: twice the
-    larger of ``d_0`` and ``m``), and, if ``measure``, time both orders with numpy at output
-    sizes 1, ``d_0``, ``m`` and the largest (median of ``repeats``), skipping any size where
-    either order would exceed ``timing_budget`` multiply-adds (so a slider stays responsive)."""
+    input_size)`` and sweep the output size from 1 to ``largest_output`` (default: twice the
+    larger of ``d_0`` and ``m``)."""
     widths = chain_widths(n_layers, width, output_size, input_size)
     before_output = widths[:-1]
     largest = largest_output or 2 * max(widths[0], output_size)
     sizes = tuple(sorted({*np.unique(np.geomspace(1, largest, 60).round().astype(int)), 1}))
-    rng = np.random.default_rng(seed)
-    timings: tuple[ChainTiming, ...] = ()
-    if measure:
-        timings = tuple(
-            time_chain((*before_output, m), repeats=repeats, rng=rng)
-            for m in _timing_sizes(output_size, widths[0], largest)
-            if max(reverse_flops((*before_output, m)), forward_flops((*before_output, m)))
-            <= timing_budget
-        )
     return ChainCostReport(
         widths=widths,
         reverse_flops=reverse_flops(widths),
@@ -131,7 +104,6 @@ def chain_cost_report(
         output_sizes=tuple(int(m) for m in sizes),
         reverse_curve=tuple(reverse_flops((*before_output, m)) for m in sizes),
         forward_curve=tuple(forward_flops((*before_output, m)) for m in sizes),
-        timings=timings,
     )
 
 
@@ -139,13 +111,10 @@ def chain_cost_report(
 
 
 def _table_rows(report: ChainCostReport) -> tuple[list[str], list[list[str]]]:
-    timing = report.current_timing
-    header = ["Order", "Multiply-adds", "Measured time (numpy)"]
-    rev_time = f"{timing.reverse_seconds * 1e3:.3f} ms" if timing else "not measured (too big)"
-    fwd_time = f"{timing.forward_seconds * 1e3:.3f} ms" if timing else "not measured (too big)"
+    header = ["Order", "Multiply-adds"]
     rows = [
-        ["reverse mode: Σ m·d_k·d_(k-1)", f"{report.reverse_flops:,}", rev_time],
-        ["forward accumulation: Σ d_0·d_(k-1)·d_k", f"{report.forward_flops:,}", fwd_time],
+        ["reverse mode: Σ m·d_k·d_(k-1)", f"{report.reverse_flops:,}"],
+        ["forward accumulation: Σ d_0·d_(k-1)·d_k", f"{report.forward_flops:,}"],
     ]
     return header, rows
 
@@ -177,39 +146,27 @@ def chain_cost_html(report: ChainCostReport) -> str:
 
 
 def plot_chain_cost(report: ChainCostReport) -> Figure:
-    """Left: multiply-adds of both orders against the output size m (log-log), with the
-    crossover ``m = d_0`` and the current m. Right: the measured times at the timed sizes."""
-    figure = Figure(figsize=(10, 3.6))
-    flops_ax, time_ax = figure.subplots(1, 2)
-    figure.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.9, wspace=0.25)
-    flops_ax.plot(report.output_sizes, report.reverse_curve, label="reverse mode (VJPs)")
-    flops_ax.plot(report.output_sizes, report.forward_curve, label="forward accumulation")
-    if report.timings:
-        sizes = [t.widths[-1] for t in report.timings]
-        reverse_ms = [t.reverse_seconds * 1e3 for t in report.timings]
-        forward_ms = [t.forward_seconds * 1e3 for t in report.timings]
-        time_ax.plot(sizes, reverse_ms, "o-", label="reverse mode (VJPs)")
-        time_ax.plot(sizes, forward_ms, "s-", label="forward accumulation")
-    else:
-        time_ax.text(0.5, 0.5, "not measured", ha="center", transform=time_ax.transAxes)
-    for ax in (flops_ax, time_ax):
-        ax.axvline(report.crossover, color="grey", linestyle="--", label="crossover m = d_0")
-        ax.axvline(report.output_size, color="black", linewidth=0.8, label="current m")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        # Plain-text tick labels ("10k", "2M") instead of mathtext powers: faster to draw.
-        ax.minorticks_off()
-        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0), numticks=8))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        ax.set_xlabel("output size m")
-        ax.legend(fontsize="small")
-    flops_ax.yaxis.set_major_formatter(EngFormatter(sep=""))
-    time_ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
-    flops_ax.set_ylabel("multiply-adds")
-    flops_ax.set_title(f"Counted: widths {list(report.widths[:-1])} + [m]")
-    time_ax.set_ylabel("time (ms, median)")
-    time_ax.set_title("Measured with numpy")
+    """Multiply-adds of both orders against the output size m (log-log), with the crossover
+    ``m = d_0`` and the current m."""
+    figure = Figure(figsize=(7.5, 3.6))
+    ax = figure.subplots()
+    figure.subplots_adjust(left=0.11, right=0.97, bottom=0.15, top=0.9)
+    ax.plot(report.output_sizes, report.reverse_curve, label="reverse mode (VJPs)")
+    ax.plot(report.output_sizes, report.forward_curve, label="forward accumulation")
+    ax.axvline(report.crossover, color="grey", linestyle="--", label="crossover m = d_0")
+    ax.axvline(report.output_size, color="black", linewidth=0.8, label="current m")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    # Plain-text tick labels ("10k", "2M") instead of mathtext powers: faster to draw.
+    ax.minorticks_off()
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0), numticks=8))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.yaxis.set_major_formatter(EngFormatter(sep=""))
+    ax.set_xlabel("output size m")
+    ax.set_ylabel("multiply-adds")
+    ax.legend(fontsize="small")
+    ax.set_title(f"Counted: widths {list(report.widths[:-1])} + [m]")
     return figure
 
 
@@ -219,7 +176,6 @@ def build_chain_cost_widget(
     output_size: int = 1,
     input_size: int | None = None,
     max_width: int = 128,
-    repeats: int = 3,
 ) -> LiveWidget:
     """Sliders for the number of layers, their width, the output size m and the input size
     d_0 (default: the width); shows the table, the verdict and the plot for the chain.
@@ -228,16 +184,10 @@ def build_chain_cost_widget(
     ``widget.last_result`` is the :class:`ChainCostReport`, ``widget.table.value`` its HTML,
     ``widget.plot.value`` the PNG of :func:`plot_chain_cost`.
     """
-    style = {"description_width": "initial"}
 
     def slider(description: str, value: int, low: int, high: int) -> ipywidgets.IntSlider:
         return ipywidgets.IntSlider(
-            value=value,
-            min=low,
-            max=high,
-            description=description,
-            continuous_update=False,
-            style=style,
+            value=value, min=low, max=high, description=description, continuous_update=False
         )
 
     controls = {
@@ -249,7 +199,7 @@ def build_chain_cost_widget(
 
     def compute(n_layers: int, width: int, output_size: int, input_size: int) -> ChainCostReport:
         return chain_cost_report(
-            n_layers, width, output_size, input_size, largest_output=2 * max_width, repeats=repeats
+            n_layers, width, output_size, input_size, largest_output=2 * max_width
         )
 
     return LiveWidget(controls, compute, chain_cost_html, plot_chain_cost)

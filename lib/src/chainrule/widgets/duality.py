@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ipywidgets
+import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
@@ -27,9 +27,17 @@ from matplotlib.patches import Rectangle
 from chainrule import dist
 from chainrule.duality import DUALITY_TABLE, REPLICATED, DualityRow, duality_row
 from chainrule.tensor import Tensor
-from chainrule.widgets.live import LiveWidget, html_table
+from chainrule.widgets.live_widget import LiveWidget
+from chainrule.widgets.tables import html_table
 
-RANK_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")
+RANK_COLOURS = (
+    "#9ec5ec",
+    "#f6c08f",
+    "#9fd8a0",
+    "#f0a3a3",
+    "#c9b6e4",
+    "#d6bfa8",
+)  # light: black text stays readable
 REPLICATED_COLOUR = "#bbbbbb"
 MIXED_COLOUR = "#eeeeee"
 
@@ -79,6 +87,7 @@ def _route_on_rank(key: str, shard: int) -> tuple[np.ndarray, ...]:
     cotangent = example_cotangent(row, rank, y.shape)
     dist.barrier()  # the trace's separator between the forward and the backward pass
     y.backward(cotangent)
+    assert x.grad is not None
     return x.data, y.data, cotangent, x.grad
 
 
@@ -95,6 +104,18 @@ def route(key: str, world_size: int, shard: int = 2) -> Routing:
     return Routing(
         row, world_size, inputs, outputs, cotangents, gradients, ops[:split], ops[split + 1 :]
     )
+
+
+REASONING_CORRECTIONS = {
+    "reduce_scatter": "The transpose (adjoint) of the all-gather row; not its inverse.",
+}
+"""Where the syllabus's reasoning says more than is true: reduce-scatter's backward is the
+transpose of the all-gather row (an all-gather followed by a reduce-scatter multiplies by P)."""
+
+
+def reasoning(row: DualityRow) -> str:
+    """The row's reasoning, corrected where :data:`REASONING_CORRECTIONS` says so."""
+    return REASONING_CORRECTIONS.get(row.key, row.reasoning)
 
 
 def collective_names(names: list[str]) -> str:
@@ -117,7 +138,7 @@ def routing_table(routing: Routing) -> str:
         f"{collective_names(routing.forward_collectives)}<br>"
         f"<b>Backward:</b> {row.backward} — collectives seen: "
         f"{collective_names(routing.backward_collectives)}<br>"
-        f"<i>{row.reasoning}</i></p>"
+        f"<i>{reasoning(row)}</i></p>"
     )
     body = html_table(
         ["rank", "input x", "output y", "cotangent ȳ", "gradient x̄"],
@@ -148,63 +169,114 @@ def _sources(arrays: list[np.ndarray], kind: str) -> dict[float, str]:
     return {float(v): RANK_COLOURS[p] for p, a in enumerate(arrays) for v in np.ravel(a)}
 
 
+# Sizes of the routing picture, in points (1/72 inch; the PNG has 100 pixels per inch).
+BOX_W, BOX_H, ROW_GAP = 27.0, 16.0, 5.0
+NUMBER_PT, LABEL_PT = 8.0, 9.0
+LEFT, ARROW = 46.0, 46.0
+
+
 def plot_routing(routing: Routing) -> Figure:
-    """One line of boxes per rank: x → y forward, then ȳ → x̄ backward.
+    """Two panels, one line of boxes per rank: forward ``x → y`` above, backward ``ȳ → x̄``
+    below.
 
     A box's colour is the rank its value came from: inputs and cotangents are coloured by
     their own rank (grey when replicated), outputs and gradients by the input (cotangent)
-    they equal, and light grey when they are a sum of several values.
+    they equal, and light grey when they are a sum of several values. Every number is 8 pt
+    (11 pixels) and the picture stays within the page at 4 ranks.
     """
     row, P = routing.row, routing.world_size
-    columns = [
-        ("input x", routing.inputs, _sources(routing.inputs, row.input_kind)),
-        ("output y", routing.outputs, _sources(routing.inputs, row.input_kind)),
-        ("cotangent ȳ", routing.cotangents, _sources(routing.cotangents, row.output_kind)),
-        ("gradient x̄", routing.gradients, _sources(routing.cotangents, row.output_kind)),
+    panels = [
+        (
+            "forward",
+            ("input x", routing.inputs, _sources(routing.inputs, row.input_kind)),
+            ("output y", routing.outputs, _sources(routing.inputs, row.input_kind)),
+        ),
+        (
+            "backward",
+            ("cotangent ȳ", routing.cotangents, _sources(routing.cotangents, row.output_kind)),
+            ("gradient x̄", routing.gradients, _sources(routing.cotangents, row.output_kind)),
+        ),
     ]
-    widths = [max(np.size(a) for a in arrays) for _, arrays, _ in columns]
-    gap = 1.5
-    starts = np.concatenate([[0], np.cumsum(np.array(widths) + gap)[:-1]])
-    figure = Figure(figsize=(0.55 * (sum(widths) + gap * 3) + 1.2, 0.7 * P + 1.3))
-    ax = figure.subplots()
-    for c, ((title, arrays, sources), x0) in enumerate(zip(columns, starts, strict=True)):
-        ax.text(x0 + widths[c] / 2, P + 0.15, title, ha="center", va="bottom", fontsize=9)
-        for p, array in enumerate(arrays):
-            y0 = P - 1 - p
-            for i, v in enumerate(np.ravel(array)):
-                ax.add_patch(_box(x0 + i, y0, _colour(v, sources)))
-                ax.text(x0 + i + 0.5, y0 + 0.4, f"{v:g}", ha="center", va="center", fontsize=7)
-    for p in range(P):
-        ax.text(-0.3, P - 1 - p + 0.4, f"rank {p}", ha="right", va="center", fontsize=9)
-    arrow = {"arrowstyle": "->", "color": "black"}
-    for a, b, label in ((0, 1, "forward"), (2, 3, "backward")):
-        xa, xb = starts[a] + widths[a] + 0.15, starts[b] - 0.15
-        ax.annotate("", (xb, P / 2 - 0.1), (xa, P / 2 - 0.1), arrowprops=arrow)
-        ax.text((xa + xb) / 2, P / 2, label, ha="center", va="bottom", fontsize=7)
-    ax.set_xlim(-1.8, starts[-1] + widths[-1] + 0.2)
-    ax.set_ylim(-0.3, P + 0.7)
+    length = [max(np.size(a) for a in arrays) for _, (_, arrays, _), _ in panels]
+    length_out = [max(np.size(a) for a in arrays) for _, _, (_, arrays, _) in panels]
+    left_w = max(length) * BOX_W
+    right_w = max(length_out) * BOX_W
+    width = LEFT + left_w + ARROW + right_w + 8
+    panel_h = 18 + P * (BOX_H + ROW_GAP)
+    title_h = 22
+    height = title_h + 2 * panel_h + 6
+    figure = Figure(figsize=(width / 72, height / 72))
+    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
     ax.axis("off")
-    ax.set_title(
+    ax.text(
+        width / 2,
+        height - title_h / 2,
         f"{row.forward}  →  backward: {collective_names(routing.backward_collectives)}",
-        fontsize=10,
+        ha="center",
+        va="center",
+        fontsize=LABEL_PT + 1,
+        fontweight="bold",
     )
+    for k, (name, (in_title, ins, in_src), (out_title, outs, out_src)) in enumerate(panels):
+        top = height - title_h - k * panel_h
+        x_in, x_out = LEFT, LEFT + left_w + ARROW
+        ax.text(x_in + 24, top - 9, in_title, fontsize=LABEL_PT, va="center")
+        ax.text(x_out, top - 9, out_title, fontsize=LABEL_PT, va="center")
+        for p in range(P):
+            y = top - 18 - (p + 1) * (BOX_H + ROW_GAP) + ROW_GAP
+            ax.text(
+                LEFT - 6, y + BOX_H / 2, f"rank {p}", ha="right", va="center", fontsize=LABEL_PT
+            )
+            for x0, values, sources in ((x_in, ins[p], in_src), (x_out, outs[p], out_src)):
+                for i, v in enumerate(np.ravel(values)):
+                    ax.add_patch(_box(x0 + i * BOX_W, y, _colour(v, sources)))
+                    ax.text(
+                        x0 + (i + 0.5) * BOX_W,
+                        y + BOX_H / 2,
+                        f"{v:g}",
+                        ha="center",
+                        va="center",
+                        fontsize=NUMBER_PT,
+                    )
+            ax.annotate(
+                "",
+                (x_out - 6, y + BOX_H / 2),
+                (LEFT + left_w + 6, y + BOX_H / 2),
+                arrowprops={"arrowstyle": "->", "color": "#555555"},
+            )
+        ax.text(
+            4,
+            top - 9,
+            name.capitalize(),
+            ha="left",
+            va="center",
+            fontsize=LABEL_PT,
+            fontweight="bold",
+        )
     return figure
 
 
 def _box(x: float, y: float, colour: str) -> Rectangle:
-    return Rectangle((x + 0.04, y), 0.92, 0.8, facecolor=colour, edgecolor="black", linewidth=0.5)
+    return Rectangle(
+        (x + 1, y), BOX_W - 2, BOX_H, facecolor=colour, edgecolor="black", linewidth=0.5
+    )
 
 
 def build_duality_widget(key: str = "all_gather", world_size: int = 2) -> LiveWidget:
-    """Controls ``key`` (a row of the table, by its forward operation) and ``world_size``.
+    """Controls ``key`` (a row of the syllabus's table, by its forward operation) and
+    ``world_size`` (1 to 4 ranks).
 
     ``last_result`` is the :class:`Routing`; the table names the collectives seen in each
     pass and lists every rank's arrays, the plot draws them as coloured boxes.
     """
     controls = {
         "key": ipywidgets.Dropdown(
-            options=[(r.forward, r.key) for r in DUALITY_TABLE], value=key, description="forward"
+            options=[(r.forward, r.key) for r in DUALITY_TABLE if r.in_syllabus],
+            value=key,
+            description="forward",
         ),
-        "world_size": ipywidgets.IntSlider(value=world_size, min=2, max=4, description="ranks P"),
+        "world_size": ipywidgets.IntSlider(value=world_size, min=1, max=4, description="ranks P"),
     }
     return LiveWidget(controls, route, routing_table, plot_routing)

@@ -1,0 +1,199 @@
+"""Lessons 4-8 run headless from a fresh kernel, compute what the syllabus and the lessons
+state, and leave live widgets and readable graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from notebook_runner import assert_readable, lesson, output_texts, readability_fetch, run_lesson
+
+WORKED_EXAMPLES = [(1, 0), (2, 1), (3, 1), (4, 2)]  # the syllabus's given examples, with w = 1
+
+
+def _images(nb) -> int:
+    return len(output_texts(nb, "image/png"))
+
+
+@pytest.mark.slow
+def test_lesson_4_the_loss_and_the_data():
+    nb, v = run_lesson(
+        lesson(4), ["T", "token_gap", "relative_gap", "forward_change", "norm_errors"]
+    )
+    assert v["T"][0] != v["T"][1] and v["token_gap"] > 1e-3 and v["relative_gap"] > 0.01
+    assert v["forward_change"]["batch_norm"] > 0.1
+    assert v["forward_change"]["layer_norm"] < 1e-12 and v["forward_change"]["rms_norm"] < 1e-12
+    errors = v["norm_errors"]
+    assert errors["local batch norm"] > 1e-3
+    assert errors["synchronised batch norm"] < 1e-12 and errors["RMSNorm"] < 1e-12
+    markdown = "\n".join(output_texts(nb, "text/markdown"))
+    assert "| Situation | What goes wrong | Fix |" in markdown
+    assert "copy_to_ranks(reduce_from_ranks(partial))" in markdown  # the layer's source shown
+
+
+@pytest.mark.slow
+def test_lesson_5_the_replicas():
+    fetch = [
+        "ddp_clipping",
+        "sharded_gap",
+        "cosine",
+        "clipped_on_ranks[0][1]",
+        "float(np.linalg.norm(np.concatenate(shards)))",
+        "dropout_error",
+        "epoch_results",
+        "len(distinct)",
+        "len(sums)",
+        "bits",
+        "drift_same.first_divergent_step",
+        "float(drift_same.divergence.max())",
+        "float(drift_own.divergence[9])",
+        "float(drift_own.divergence[-1])",
+        "(setattr(drift_widget.controls['world_size'], 'value', 2), "
+        "drift_widget.last_result[1].first_divergent_step)[1]",
+    ]
+    nb, v = run_lesson(lesson(5), fetch)
+    assert v["ddp_clipping"]["clip after the all-reduce"] < 1e-12
+    assert v["ddp_clipping"]["clip each local gradient before it"] > 1e-3
+    assert v["sharded_gap"] < 1e-12 and v["cosine"] < 0.99
+    assert v["clipped_on_ranks[0][1]"] == pytest.approx(
+        v["float(np.linalg.norm(np.concatenate(shards)))"]
+    )
+    assert "already returned" in v["dropout_error"]
+    for ws, steps, count in v["epoch_results"].values():
+        assert ws[0] == ws[1] and steps == [3, 3] and count >= 4
+    assert v["len(sums)"] == 24 and v["len(distinct)"] > 1
+    assert len(set(v["bits"]["True"])) == 1 and len(set(v["bits"]["False"])) > 1
+    assert v["drift_same.first_divergent_step"] is None
+    assert v["float(drift_same.divergence.max())"] == 0.0
+    assert v["float(drift_own.divergence[-1])"] > 10 * v["float(drift_own.divergence[9])"] > 0
+    assert v[fetch[-1]] is None  # two ranks: a + b = b + a, no drift
+    assert _images(nb) == 1  # the clip coefficients; the drift widget draws its own
+
+
+@pytest.mark.slow
+def test_lesson_6_gradient_accumulation():
+    fetch = [
+        "accumulation_errors",
+        "torch_diff",
+        "forgot_ratio",
+        "K_TORCH",
+        "token_errors",
+        "FP16_MAX",
+        "S",
+        "float(np.abs(pool).max())",
+        "fp16.overflow_after",
+        "fp16.overflow_first",
+        "fp16.error_first",
+        "[bool(np.isfinite(v)) for v in after16]",
+        "[bool(np.isfinite(v)) for v in first16]",
+        "float(np.abs(first16 - np.mean(micro32, axis=0)).max())",
+        "{k: v[0] for k, v in dynamic.items()}",
+        "np.array_equal(*(b for _, b in dynamic.values()))",
+        "torch_buffers_equal",
+        "amp_grad_dtype",
+        "amp_finite",
+        "traffic",
+        "grad_gaps",
+        "ddp_rows",
+        "(setattr(fp16_widget.controls['log2_scale'], 'value', 8), "
+        "fp16_widget.last_result.overflow_after)[1]",
+    ]
+    nb, v = run_lesson(lesson(6), fetch)
+    assert max(v["accumulation_errors"].values()) < 1e-12
+    assert v["torch_diff"] < 1e-12 and v["forgot_ratio"] == pytest.approx(v["K_TORCH"], abs=1e-9)
+    assert v["token_errors"]["each mean loss divided by k"] > 1e-3
+    assert v["token_errors"]["each summed loss divided by the step's T"] < 1e-12
+
+    scale, peak = v["S"], v["float(np.abs(pool).max())"]
+    assert v["FP16_MAX"] == float(np.finfo(np.float16).max)
+    assert scale * peak <= v["FP16_MAX"] < 2 * scale * peak
+    assert v["fp16.overflow_after"] is not None and v["fp16.overflow_first"] is None
+    assert v["fp16.error_first"] < 1e-3
+    assert not all(v[fetch[11]]) and all(v[fetch[12]]) and v[fetch[13]] < 2e-2
+    dynamic = v["{k: v[0] for k, v in dynamic.items()}"]
+    assert dynamic["scale the loss first"] == 8 * dynamic["scale afterwards"]
+    assert v["np.array_equal(*(b for _, b in dynamic.values()))"]
+    assert list(v["torch_buffers_equal"].values()) == [True] * 4
+    assert v["amp_grad_dtype"] == "torch.float32" and v["amp_finite"]
+
+    assert {k: t[:2] for k, t in v["traffic"].items()} == {str(k): [k, 1] for k in (1, 2, 4, 8)}
+    assert max(v["grad_gaps"].values()) < 1e-14
+    for k, mode, ddp_reduces, library_reduces, gap in v["ddp_rows"]:
+        assert ddp_reduces == library_reduces == (1 if mode == "no_sync()" else k)
+        assert float(gap) < 1e-12
+    assert v[fetch[-1]] is None  # a small loss scale never overflows
+    assert _images(nb) == 0  # the widget draws the only picture
+
+
+@pytest.mark.slow
+def test_lesson_7_duality_table():
+    from chainrule.duality import DUALITY_TABLE
+
+    fetch = [
+        "row_checks",
+        "tp_errors",
+        "tp_rows",
+        "round_trip",
+        "(setattr(duality_widget.controls['key'], 'value', 'split'), "
+        "duality_widget.last_result.backward_collectives)[1]",
+    ]
+    nb, v = run_lesson(lesson(7), fetch)
+    expected_backward = {
+        "identity": ["all_reduce"],
+        "all_reduce": [],
+        "all_gather": ["reduce_scatter"],
+        "reduce_scatter": ["all_gather"],
+        "all_to_all": ["all_to_all"],
+        "split": ["all_gather"],
+    }
+    assert set(v["row_checks"]) == {row.key for row in DUALITY_TABLE if row.in_syllabus}
+    for key, (forward, backward, out_error, grad_error, seen) in v["row_checks"].items():
+        assert forward == pytest.approx(backward, rel=1e-12, abs=1e-12)
+        assert out_error < 1e-12 and grad_error < 1e-12 and seen == expected_backward[key]
+    for x, y in v["round_trip"]:
+        assert y == pytest.approx([3 * value for value in x])  # P = 3 times, not the identity
+    errors = v["tp_errors"]
+    assert max(e for name, e in errors.items() if name.startswith("f and")) < 1e-12
+    assert min(e for name, e in errors.items() if name.startswith("without")) > 1e-3
+    for label, _, forward, backward in v["tp_rows"]:
+        if label.startswith("f and"):
+            assert forward == backward == "all-reduce"
+    assert v[fetch[-1]] == ["all_gather"]
+    markdown = "\n".join(output_texts(nb, "text/markdown"))
+    assert "def copy_to_ranks" in markdown and "def reduce_from_ranks" in markdown
+    assert "The transpose (adjoint) of the all-gather row" in markdown
+    assert _images(nb) == 0  # the widget draws the routing
+
+
+@pytest.mark.slow
+def test_lesson_8_distributed_graph():
+    drawings = ["replicated_drawing", "sharded_drawing"]
+    fetch = [
+        "float(replicated.theta.grad)",
+        "replicated_full",
+        "[float(c.grad) for c in replicated.copies]",
+        "shard_gradients",
+        "full_gradient",
+        "sharded_rows",
+        "backends",
+        "real_backend",
+        "mlp_gaps",
+        *readability_fetch(drawings),
+    ]
+    nb, v = run_lesson(lesson(8), fetch)
+    assert v["float(replicated.theta.grad)"] == pytest.approx(v["replicated_full"])
+    assert sum(v["[float(c.grad) for c in replicated.copies]"]) == pytest.approx(
+        v["replicated_full"]
+    )
+    np.testing.assert_allclose(v["shard_gradients"], v["full_gradient"], atol=1e-14)
+    for forward, backward, error in v["sharded_rows"].values():
+        assert forward == ["all_reduce"] and backward == [] and error < 1e-12
+    assert "sim" in v["sharded_rows"]
+    assert v["real_backend"] in v["backends"]
+    assert ("nccl" in v["backends"]) == (v["real_backend"] == "nccl")
+    assert v["mlp_gaps"][f"{v['real_backend']} rank 0 vs rank 1"] == 0.0
+    assert max(v["mlp_gaps"].values()) < 1e-14
+    assert f"real processes will use: {v['real_backend']}" in "\n".join(
+        output_texts(nb, "text/plain")
+    )
+    assert_readable(v, drawings)
+    assert _images(nb) == 2
