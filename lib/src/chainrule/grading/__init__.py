@@ -17,7 +17,7 @@ import sys
 # grammar on import: about 2 s of CPU here, paid by the batch process, its fork server and
 # every ``validate``. Notebook schemas use no IRI formats, so grading goes without it.
 if "jsonschema" not in sys.modules:
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[assignment]
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 from chainrule.grading.batch import BatchOptions, BatchResult, run_batch  # noqa: E402
 from chainrule.grading.feedback import FEEDBACK_PREPROCESSORS, StripHiddenTests  # noqa: E402

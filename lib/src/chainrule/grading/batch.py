@@ -178,7 +178,9 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         file=stream,
         flush=True,
     )
-    snapshots = take_snapshots(job.layout.submitted, options.assignment, students, job.snapshots)
+    snapshots = take_snapshots(
+        job.layout.submitted, options.assignment, students, out_dir / "snapshots"
+    )
     progress = Progress(len(students), stream, max([len(s) for s in students] + [8]))
     job.workspaces = Path(tempfile.mkdtemp(prefix="chainrule-kernels-"))
     try:

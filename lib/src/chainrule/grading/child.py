@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -31,20 +32,20 @@ import psutil
 PRELOAD = ("chainrule.grading.preload",)
 
 _context_lock = threading.Lock()
-_context: multiprocessing.context.BaseContext | None = None
+_context: Any = None
 
 
-def _fork_context() -> multiprocessing.context.BaseContext:
+def _fork_context() -> Any:
     """The fork-server context, with nbgrader preloaded (plain fork where there is no server)."""
     global _context
     with _context_lock:
         if _context is None:
             if "forkserver" in multiprocessing.get_all_start_methods():
-                context = multiprocessing.get_context("forkserver")
-                context.set_forkserver_preload(list(PRELOAD))
+                forkserver = multiprocessing.get_context("forkserver")
+                forkserver.set_forkserver_preload(list(PRELOAD))
+                _context = forkserver
             else:
-                context = multiprocessing.get_context("spawn")
-            _context = context
+                _context = multiprocessing.get_context("spawn")
         return _context
 
 

@@ -50,7 +50,7 @@ def strip_ansi(text: str) -> str:
 def quotes_hidden(line: str, hidden_code: set[str]) -> bool:
     """Whether a traceback line quotes one of the hidden source lines."""
     match = _SOURCE_LINE.match(strip_ansi(line))
-    return bool(match) and match.group("code").strip() in hidden_code
+    return match is not None and match.group("code").strip() in hidden_code
 
 
 def scrub_traceback(traceback: Sequence[str], hidden_code: set[str]) -> list[str]:
@@ -128,7 +128,7 @@ def feedback_files(feedback_dir: Path) -> list[Path]:
 
 def leaked_lines(html_files: Iterable[Path], markers: Iterable[str]) -> list[str]:
     """``file: marker`` for every marker string found in the given feedback files."""
-    found = []
+    found: list[str] = []
     for path in html_files:
         text = path.read_text(errors="replace")
         found.extend(f"{path.name}: {marker}" for marker in markers if marker in text)

@@ -207,7 +207,7 @@ def write_csv(rows: Sequence[SummaryRow], path: Path) -> Path:
                         "student_status": row.outcome.status,
                         "notebook": nb.name,
                         "status": nb.status,
-                        "score": "" if not trusted else _number(score.score),
+                        "score": "" if score is None or not trusted else _number(score.score),
                         "max_score": "" if score is None else f"{score.max_score:g}",
                         "detail": nb.detail,
                     }

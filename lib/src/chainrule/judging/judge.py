@@ -194,9 +194,9 @@ class Judge:
                 return decode(reply.get("value"))
             except WireError as error:
                 raise self._failed(f"the kernel answered with a malformed value: {error}") from None
-        error = reply.get("error")
-        if reply.get("ok") is False and isinstance(error, dict):
-            raise self._student_error(error)
+        raised = reply.get("error")
+        if reply.get("ok") is False and isinstance(raised, dict):
+            raise self._student_error(raised)
         raise self._failed("the kernel answered the grader's request with something else")
 
     def _failed(self, reason: str) -> GraderCallFailed:

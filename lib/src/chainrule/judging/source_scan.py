@@ -305,8 +305,8 @@ def _scan_node(node: ast.AST, aliases: dict[str, str], flag: Report) -> None:
         methods = {
             item.name
             for item in node.body
-            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.Assign)
-            and getattr(item, "name", None) in FOOLING_METHODS
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            and item.name in FOOLING_METHODS
         }
         methods |= {
             target.id
@@ -383,7 +383,7 @@ def _unique(findings: list[Finding]) -> list[Finding]:
 
 def definitions(cells: Sequence[tuple[str, str]], name: str) -> list[tuple[str, ast.AST]]:
     """The top-level statements of ``cells`` that bind ``name``: ``(label, node)`` pairs."""
-    found = []
+    found: list[tuple[str, ast.AST]] = []
     for label, source in cells:
         tree = _parse(source)
         if tree is None:
