@@ -133,6 +133,14 @@ GOALS: tuple[Goal, ...] = (
     ),
     Goal(
         "grading",
+        "sandboxed grading ≤ 1.15× the same batch with --no-sandbox, identical grades",
+        ("grading.sandbox",),
+        ("ratio",),
+        1.15,
+        checks=("identical_grades",),
+    ),
+    Goal(
+        "grading",
         "batch with 2 workers ≥ 1.8× sequential, identical grades",
         ("grading.batch",),
         ("ratio",),

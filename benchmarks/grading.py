@@ -10,7 +10,9 @@ students' grades differ.
 Each measurement is a fresh ``python -m chainrule.grading batch check_yourself --no-feedback``
 on its own copy of the generated course (feedback generation is sequential and not part of
 autograding). The batch with 2 workers must give every student exactly the grades of the
-sequential batch (the ``identical_grades`` field).
+sequential batch (the ``identical_grades`` field). The sandbox's cost is measured the same way:
+sequential batches with every kernel in bubblewrap against batches with ``--no-sandbox``,
+alternated, with identical grades.
 """
 
 from __future__ import annotations
@@ -118,12 +120,14 @@ def write_submissions(course: Path, count: int) -> list[str]:
 
 
 def grade_batch(
-    course: Path, workers: int, students: list[str] | None = None
+    course: Path, workers: int, students: list[str] | None = None, sandbox: bool = True
 ) -> tuple[float, Grades]:
     """Wall seconds of one ``chainrule.grading batch`` run, and the grades it recorded."""
     out = course / "grades" / f"workers-{workers}"
     args = ["-m", "chainrule.grading", "batch", ASSIGNMENT, "--course-root", str(course)]
     args += ["--workers", str(workers), "--no-feedback", "--out", str(out)]
+    if not sandbox:
+        args.append("--no-sandbox")
     for student in students or []:
         args += ["--student", student]
     start = time.perf_counter()
@@ -199,6 +203,7 @@ def measure(
     notebooks: Sequence[str] | None = None,
     single: bool = True,
     rounds: int | None = None,
+    sandboxed: bool = True,
 ) -> list[Row]:
     """One student alone, then the batch sequential and with 2 workers, each on its own copy.
 
@@ -208,7 +213,9 @@ def measure(
     (default 2, 1 when ``quick``), run in the order sequential, 2 workers, 2 workers,
     sequential...: a machine that drifts slower or faster during the measurement (this one
     does, by tens of percent) then weighs on both kinds alike. The speedup is the total time of
-    the sequential batches over that of the parallel ones.
+    the sequential batches over that of the parallel ones. ``sandboxed``: also time sequential
+    batches without the sandbox, alternated with the sandboxed ones (the row
+    ``grading.sandbox``: sandboxed over unsandboxed time).
     """
     count = submissions or (3 if quick else 20)
     rounds = rounds or (1 if quick else 2)
@@ -229,6 +236,19 @@ def measure(
         differences = []
         for other in batches[1:]:
             differences += grade_differences(reference, other)
+        sandbox_s: dict[bool, list[float]] = {True: [], False: []}
+        sandbox_differences: list[str] = []
+        if sandboxed:
+            plain = []
+            for index, isolate in enumerate([False, True, True, False][: 2 * rounds]):
+                copy = Path(tmp) / f"sandbox-{index}-{isolate}"
+                shutil.copytree(template, copy)
+                elapsed, grades = grade_batch(copy, 1, sandbox=isolate)
+                sandbox_s[isolate].append(elapsed)
+                plain.append((f"batch {'in' if isolate else 'without'} the sandbox", copy, grades))
+            sandbox_differences = [
+                d for other in plain for d in grade_differences(reference, other)
+            ]
         if single:
             copy = Path(tmp) / "single"
             shutil.copytree(template, copy)
@@ -239,6 +259,23 @@ def measure(
     identical = not differences
     sequential_s, parallel_s = sum(seconds[1]), sum(seconds[2])
     rows = []
+    if sandboxed:
+        inside, outside = sum(sandbox_s[True]), sum(sandbox_s[False])
+        each = len(sandbox_s[True])
+        rows.append(
+            make_row(
+                "grading.sandbox",
+                f"batch of {count} submissions, sequential, every kernel in bubblewrap",
+                inside / each,
+                outside / each,
+                "the same batch with --no-sandbox",
+                inside / outside,
+                per_student_sandboxed_s=inside / each / count,
+                per_student_unsandboxed_s=outside / each / count,
+                identical_grades=not sandbox_differences,
+                **({"differences": "; ".join(sandbox_differences)} if sandbox_differences else {}),
+            )
+        )
     if single:
         rows.append(
             make_row(

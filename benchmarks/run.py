@@ -133,7 +133,9 @@ FAMILIES: tuple[Family, ...] = (
         "sequential batch and its baseline the mean batch with `--workers 2`; its ratio, the "
         "speedup, is their totals' ratio (*speedups*: each pair's). *identical grades*: every "
         "student's per-notebook statuses and scores and total agree between all the batches "
-        "(and with the single-student run).",
+        "(and with the single-student run). The sandbox row compares sequential batches with "
+        "every kernel in bubblewrap against the same batches with `--no-sandbox`, alternated "
+        "(without, with, with, without), with identical grades.",
     ),
 )
 
