@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -275,7 +275,7 @@ def joined_epoch(batches: Iterable[Batch]) -> Iterator[Batch | None]:
         active = batch is not _FINISHED
         if _scalar_all_reduce(1.0 if active else 0.0, SUM) == 0:
             return
-        yield batch if active else None
+        yield cast(Batch, batch) if active else None
 
 
 # -- batch normalisation: local or synchronised statistics ----------------------------------

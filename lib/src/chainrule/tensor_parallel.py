@@ -163,6 +163,8 @@ def tensor_parallel_mlp(
     """
     rank = dist.rank() if rank is None else rank
     world_size = dist.world_size() if world_size is None else world_size
+    default_f: Callable[[Any], Any]
+    default_f_bar: Callable[[Any], Any]
     if framework == "torch":
         from chainrule import duality_torch
 

@@ -110,7 +110,7 @@ class Pool:
         ready: set[int] = set()
         while len(ready) < self.world_size:
             control = [self.control] if self.control is not None else []
-            sources = [listener, *unknown, *ranks.values(), *control]
+            sources: list[Any] = [listener, *unknown, *ranks.values(), *control]
             readable = wait(sources, max(deadline - time.monotonic(), 0.0))
             if not readable:
                 raise CollectiveError(
@@ -176,10 +176,11 @@ class Pool:
             readable = wait(pending, max(0.0, deadline - now))
             if not readable:
                 break
-            for conn in readable:
-                r = self.ranks.index(conn)  # type: ignore[arg-type]
+            for source in readable:
+                assert isinstance(source, Connection)
+                r = self.ranks.index(source)
                 try:
-                    replies[r] = cloudpickle.loads(conn.recv_bytes())  # type: ignore[union-attr]
+                    replies[r] = cloudpickle.loads(source.recv_bytes())
                 except (EOFError, OSError):
                     died[r] = self._exit_code_text(r)
                 except Exception as exc:  # a result that cannot be unpickled here

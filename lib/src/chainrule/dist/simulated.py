@@ -333,7 +333,7 @@ class _Run:
         self.arrived[rank] = (call, data)
         self.count += 1
         if self.count < P:
-            return self.scheduler.switch()  # type: ignore[no-any-return]
+            return self.scheduler.switch()
         arrived: list[tuple[Call, Any]] = self.arrived  # type: ignore[assignment]
         seq = self.seq
         self.arrived, self.count, self.seq = [None] * P, 0, seq + 1

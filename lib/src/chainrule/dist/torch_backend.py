@@ -171,7 +171,7 @@ def _broadcast(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
         result = t.clone()
     else:
         dtype = interop.torch_dtype(call.dtype)  # type: ignore[arg-type]
-        result = torch.empty(call.shape, dtype=dtype, device=world.device)
+        result = torch.empty(call.shape or (), dtype=dtype, device=world.device)
     _dist().broadcast(result, src=src)
     return result
 
