@@ -13,6 +13,7 @@ or a torch result is asked for.
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Literal
 
@@ -44,9 +45,16 @@ def dtype_name(x: Any) -> str:
     """The dtype of ``x`` by name: ``"float32"``, ``"int64"``, ``"bfloat16"``..."""
     if is_torch(x):
         return str(x.dtype).removeprefix("torch.")
-    return to_numpy(x).dtype.name
+    return numpy_dtype_name(to_numpy(x).dtype)
 
 
+@functools.cache
+def numpy_dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, remembered (numpy computes it anew each time)."""
+    return dtype.name
+
+
+@functools.cache
 def numpy_kind(dtype: str) -> str:
     """numpy's kind letter of a dtype name: ``"f"``, ``"i"``, ``"u"``, ``"b"`` or ``"c"``."""
     return "f" if dtype == "bfloat16" else np.dtype(dtype).kind

@@ -143,7 +143,7 @@ def in_world() -> bool:
 def _prepare(world: World, op: str, x: Any, params: tuple) -> tuple[Any, Call]:
     """``x`` as the world's native array, and this rank's :class:`Call` of ``op``."""
     if type(x) is np.ndarray and world.native == "numpy" and x.dtype.kind in "biufc":
-        return x, Call(op, params, x.shape, x.dtype.name, "numpy")  # the common case, first
+        return x, Call(op, params, x.shape, interop.numpy_dtype_name(x.dtype), "numpy")
     kind, dtype = interop.kind_of(x), interop.dtype_name(x)
     if world.native == "numpy":
         data = interop.to_numpy(x)

@@ -52,7 +52,11 @@ class Call(NamedTuple):
     kind: str | None = None
 
     def param(self, name: str) -> Any:
-        return dict(self.params)[name]
+        """The value of the argument ``name``."""
+        for key, value in self.params:
+            if key == name:
+                return value
+        raise KeyError(name)
 
     @property
     def nbytes(self) -> int:
@@ -70,7 +74,7 @@ def agree(calls: Sequence[Call], seq: int) -> Call:
     :class:`~chainrule.dist.errors.CollectiveAborted` when a rank raised instead of calling.
     """
     first = calls[0]
-    if all(call == first for call in calls):  # the common case: one comparison per rank
+    if calls.count(first) == len(calls):  # the common case: one comparison per rank
         return first
     ops = [call.op for call in calls]
     if "raised" in ops:

@@ -220,10 +220,6 @@ class _Run:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_grad_enabled(self.grad_modes[rank])
-        if self.watchdog.active:  # once every other rank has returned, no one waits for this one
-            alone = all(d for r, d in enumerate(self.done) if r != rank)
-            limit = self.timeout if self.failure is None else min(self.timeout, JOIN_GRACE)
-            self.watchdog.arm(0.0 if alone else limit)
         self.started = time.monotonic()
         self.running = rank
         try:
@@ -281,6 +277,16 @@ class _Run:
     def _fail(self, message: str) -> None:
         if self.failure is None:
             self.failure = message
+            if self.watchdog.active:  # ranks still running their own code get a grace
+                self.watchdog.ring_in(self.limit())
+
+    def limit(self) -> float:
+        """Seconds a rank may run its own code now (shorter once the run has failed)."""
+        return self.timeout if self.failure is None else min(self.timeout, JOIN_GRACE)
+
+    def alone(self, rank: int) -> bool:
+        """Whether every other rank has returned: then no one waits for ``rank``."""
+        return all(done for r, done in enumerate(self.done) if r != rank)
 
     def _stuck(self, waiting: list[int]) -> str:
         """Why no rank can go on while ``waiting`` ranks wait in the current collective."""
@@ -366,13 +372,15 @@ class _Run:
 class _Watchdog:
     """The alarm clock that stops a rank running its own code for too long.
 
-    Before the scheduler resumes a rank it sets a real-time timer (``signal.setitimer``); when
-    the timer rings while that rank still runs its own code, the handler raises
-    :class:`_Interrupted` in it: Python runs the handler between two bytecodes, and a
-    ``time.sleep`` or a lock's ``acquire`` returns early to let it run. The timer repeats, so
-    a rank that swallows the exception is stopped again. The caller's own alarm, if any, is
-    put back afterwards. Only the main thread runs signal handlers: elsewhere (and in a world
-    of one rank) the watchdog stays off.
+    A real-time timer (``signal.setitimer``) rings when the rank running now will have run
+    for the limit, counted from when the scheduler resumed it (:attr:`_Run.started`). If that
+    rank still runs its own code then, the handler raises :class:`_Interrupted` in it: Python
+    runs the handler between two bytecodes, and a ``time.sleep`` or a lock's ``acquire`` returns
+    early to let it run. Otherwise the handler sets the timer for the rank running by then, so
+    the timer is set once per ring, not once per switch. A rank that swallows the exception is
+    stopped again after another limit. The caller's own alarm, if any, is put back afterwards.
+    Only the main thread runs signal handlers: elsewhere (and in a world of one rank) the
+    watchdog stays off.
     """
 
     def __init__(self, run: _Run) -> None:
@@ -385,11 +393,11 @@ class _Watchdog:
             self._timer = signal.setitimer(signal.ITIMER_REAL, 0)  # the caller's, paused
             self._entered = time.monotonic()
             self.active = True
+            self.ring_in(self.run.limit())
         return self
 
-    def arm(self, seconds: float) -> None:
-        """Ring every ``seconds`` from now on (0: not at all)."""
-        signal.setitimer(signal.ITIMER_REAL, seconds, seconds)
+    def ring_in(self, seconds: float) -> None:
+        signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
 
     def __exit__(self, *exc: object) -> None:
         if not self.active:
@@ -404,11 +412,17 @@ class _Watchdog:
 
     def _ring(self, signum: int, frame: Any) -> None:
         run = self.run
-        rank = run.running
-        if rank is None:
-            return  # between ranks: nothing of a rank's own code is running
+        limit, rank = run.limit(), run.running
+        if rank is None or run.alone(rank):  # no rank's own code, or no one waits for it
+            self.ring_in(limit)
+            return
         seconds = time.monotonic() - run.started
+        if seconds < limit:
+            self.ring_in(limit - seconds)
+            return
         run.timed_out.setdefault(rank, seconds)
+        run.started = time.monotonic()
+        self.ring_in(limit)
         raise _Interrupted(f"rank {rank} was stopped after {seconds:.2f} s of its own code")
 
 

@@ -161,7 +161,10 @@ def main(config: dict[str, Any]) -> None:
     _exit_with_owner()
     while ranks:
         pid, status = os.wait()
-        send(conn, Exited(ranks.pop(pid), os.waitstatus_to_exitcode(status)))
+        try:
+            send(conn, Exited(ranks.pop(pid), os.waitstatus_to_exitcode(status)))
+        except OSError:
+            pass  # the pool's owner no longer listens: it is closing the pool
     os._exit(0)  # skip the interpreter's teardown: tenths of a second with torch loaded
 
 
