@@ -27,6 +27,7 @@ Every collective is functional: it returns its result and leaves its input alone
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -165,8 +166,10 @@ def _result(result: Any, call: Call, like: Any) -> Any:
     return interop.restore(result, kind, call.dtype, device)  # type: ignore[arg-type]
 
 
+@functools.cache
 def check_reducible(dtype: str, op: ReduceOp) -> None:
-    """Raise TypeError where ``op`` has no meaning for values of ``dtype``."""
+    """Raise TypeError where ``op`` has no meaning for values of ``dtype`` (remembered when
+    it has one: each collective asks)."""
     kind = interop.numpy_kind(dtype)
     if kind == "b":
         raise TypeError(f"cannot reduce a boolean array with {op}; convert it to int or float")
