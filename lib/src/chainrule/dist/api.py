@@ -239,7 +239,7 @@ def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> An
     if type(op) is not ReduceOp:
         op = ReduceOp.coerce(op)
     data, call = _prepare(world, "all_reduce", x, (("op", op),))
-    check_reducible(call.dtype, op)  # type: ignore[arg-type]
+    check_reducible(call.dtype, op)
     if out is None:
         return _result(world.collective(call, data)[0], call, x)
     interop.check_writable(out, "all_reduce")
@@ -279,7 +279,7 @@ def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, axis: int = 0) -> 
     world = current_world()
     op = ReduceOp.coerce(op)
     data, call = _prepare(world, "reduce_scatter", x, ())
-    check_reducible(call.dtype, op)  # type: ignore[arg-type]
+    check_reducible(call.dtype, op)
     axis = check_divisible(call.shape, axis, world.world_size, "reduce_scatter")  # type: ignore[arg-type]
     call = call._replace(params=(("op", op), ("axis", axis)))
     return _result(world.collective(call, data)[0], call, x)
