@@ -226,3 +226,16 @@ def test_a_rank_that_never_comes_times_out_on_gloo(fn):
     message = fails(fn, 2, "gloo", timeout=2.0)
     assert message.startswith("the gloo run timed out after 2 s: ranks 0, 1 did not finish")
     assert not {p for p in stopped if _alive(p)}, "the stopped pool's processes still run"
+
+
+def catches_the_mismatch():
+    try:
+        dist.all_reduce(np.ones(2 + dist.rank()))
+    except dist.CollectiveError:
+        return "caught"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_caught_mismatch_still_fails_the_run(backend):
+    message = fails(catches_the_mismatch, 2, backend)
+    assert message == "all_reduce #0: the ranks' shapes differ: rank 0 (2,); rank 1 (3,)"

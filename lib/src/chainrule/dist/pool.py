@@ -325,6 +325,9 @@ def run(
     errors = {r: reply.error for r, reply in replies.items() if reply.error is not None}
     if errors:
         raise _error(errors, unfinished, backend, fn)
+    failures = [replies[r].failure for r in sorted(replies) if replies[r].failure]
+    if failures:  # the ranks caught the error of a collective they could not agree on
+        raise CollectiveError(failures[0])
     if unfinished:
         done = sorted(replies)
         raise CollectiveError(

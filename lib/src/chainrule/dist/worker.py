@@ -103,13 +103,15 @@ class Exited:
 
 @dataclass
 class Reply:
-    """What a rank sends back for a task: its result, or its error."""
+    """What a rank sends back for a task: its result, or its error; ``failure``: why the ranks
+    could not agree on a collective, when they could not (even if the function caught it)."""
 
     rank: int
     value: Any = None
     error: RemoteError | None = None
     events: list[CollectiveEvent] = field(default_factory=list)
     output: str = ""
+    failure: str | None = None
 
 
 def send(conn: Connection, message: object) -> None:
@@ -244,6 +246,7 @@ def run_task(message: bytes, rank: int, world: Any) -> Reply | None:
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         reply = Reply(rank, error=RemoteError.of(exc))
     reply.events, reply.output = world.events or [], output.getvalue()
+    reply.failure = world.failure
     return reply
 
 
