@@ -53,6 +53,7 @@ test: install
 lint: install
 	$(BIN)/ruff check lib tests benchmarks
 	$(BIN)/ruff format --check lib tests benchmarks
+	$(BIN)/mypy
 
 bench: install
 	$(PY) -m benchmarks.run --out BENCHMARKS.md

@@ -3,12 +3,11 @@
 Each measurement is a new interpreter that imports numpy and ``chainrule.dist``, defines the
 SPMD function in ``__main__`` (as a notebook cell does, so it travels by value), and times
 
-- the first call: the parent starts one worker process, which imports torch and forks the
-  second rank; both join the gloo group, then the function runs (the parent itself does not
+- the first call: the parent starts one launcher process, which imports torch and forks the
+  two ranks; both join the gloo group, then the function runs (the parent itself does not
   import torch);
 - the same first call when the process had already imported torch (as a notebook that used
-  torch earlier would have): the ranks are forked from the caller, so this is what the
-  launcher itself costs;
+  torch earlier would have): the ranks start the same way, from a launcher of their own;
 - repeated calls: the median of further calls on the live worker pool.
 
 The function does one 1 KB all-reduce and returns the sum. The baseline of the first call is

@@ -1,4 +1,5 @@
-"""The library, the tests and the benchmarks are ruff clean (lint and format)."""
+"""The library, the tests and the benchmarks are ruff clean (lint and format), and the
+library's type hints check with mypy (configured in pyproject.toml)."""
 
 import subprocess
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUFF = Path(sys.executable).parent / "ruff"
+MYPY = Path(sys.executable).parent / "mypy"
 PATHS = ["lib", "tests", "benchmarks"]
 
 
@@ -18,4 +20,9 @@ def test_ruff_format():
     result = subprocess.run(
         [RUFF, "format", "--check", *PATHS], cwd=REPO, capture_output=True, text=True
     )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy():
+    result = subprocess.run([MYPY], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -3,7 +3,9 @@
 The engine
     :mod:`chainrule.tensor` (the tensor and the backward pass), :mod:`chainrule.ops` (every op's
     forward beside its VJP), :mod:`chainrule.nn`, :mod:`chainrule.gradcheck` (finite differences
-    and the adjoint test), :mod:`chainrule.chain_cost`, :mod:`chainrule.graph` (drawing graphs).
+    and the adjoint test), :mod:`chainrule.chain_cost`, :mod:`chainrule.graph` (drawing graphs),
+    :mod:`chainrule.interop` (numpy arrays, engine tensors and torch tensors, told apart and
+    converted).
 Distributed training
     :mod:`chainrule.dist` (collectives with one API on a simulated world of P ranks or on
     torch.distributed), :mod:`chainrule.duality` and :mod:`chainrule.duality_torch` (the duality

@@ -19,14 +19,13 @@ leaf); parameters are engine or torch leaves.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from chainrule import dist, ops
+from chainrule import dist, interop, ops
 from chainrule.duality import copy_to_ranks, reduce_from_ranks
 from chainrule.tensor import ArrayLike, Tensor, as_tensor
 
@@ -35,11 +34,6 @@ Param = Any  # a chainrule.Tensor or a torch tensor that requires a gradient
 Batch = TypeVar("Batch")
 
 SUM, AVG, MAX = dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.MAX
-
-
-def _is_torch(x: Any) -> bool:
-    torch = sys.modules.get("torch")  # a value can only be a torch tensor if torch is loaded
-    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _scalar_all_reduce(value: float, op: dist.ReduceOp = SUM) -> float:
@@ -72,7 +66,7 @@ def gradients_of(params: Sequence[Param]) -> list[Grad]:
 
 def flatten_gradients(grads: Sequence[Grad]) -> Grad:
     """The gradients laid end to end in one 1-D buffer (one collective instead of many)."""
-    if grads and _is_torch(grads[0]):
+    if grads and interop.is_torch(grads[0]):
         import torch
 
         return torch.cat([g.reshape(-1) for g in grads])
@@ -281,7 +275,7 @@ def joined_epoch(batches: Iterable[Batch]) -> Iterator[Batch | None]:
         active = batch is not _FINISHED
         if _scalar_all_reduce(1.0 if active else 0.0, SUM) == 0:
             return
-        yield batch if active else None
+        yield cast(Batch, batch) if active else None
 
 
 # -- batch normalisation: local or synchronised statistics ----------------------------------

@@ -28,7 +28,6 @@ agree). Shards along an axis must have equal sizes on every rank.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -276,8 +275,8 @@ class DualityRow:
     """One row of the duality table, with the code that implements and checks it.
 
     ``forward``, ``backward`` and ``reasoning`` are the table's text. ``engine_fn`` is the
-    differentiable collective on engine tensors (:mod:`chainrule.duality`), ``torch_fn`` the
-    same on torch tensors (:mod:`chainrule.duality_torch`, imported on first use), both
+    differentiable collective on engine tensors (:mod:`chainrule.duality`), :attr:`torch_fn`
+    the same on torch tensors (:mod:`chainrule.duality_torch`, imported on first use), both
     callable as ``fn(x)`` with default axes. ``input_kind`` and ``output_kind`` say whether
     the input and output are replicated or per-rank (see the module docstring), and
     ``global_fn(xs, world_size)`` is the same global map on one process: it takes the list of
@@ -293,7 +292,6 @@ class DualityRow:
     backward: str
     reasoning: str
     engine_fn: Callable[..., Tensor]
-    torch_fn_name: str
     input_kind: Kind
     output_kind: Kind
     global_fn: Callable[..., list[Any]]
@@ -302,9 +300,10 @@ class DualityRow:
 
     @property
     def torch_fn(self) -> Callable[..., Any]:
-        """The torch implementation of this row (imports torch on first use)."""
-        module = importlib.import_module("chainrule.duality_torch")
-        return getattr(module, self.torch_fn_name)
+        """The same row on torch tensors (imports torch on first use)."""
+        from chainrule import duality_torch
+
+        return duality_torch.ROWS[self.key]
 
 
 DUALITY_TABLE: tuple[DualityRow, ...] = (
@@ -314,7 +313,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         backward="all-reduce (sum)",
         reasoning="Replication is a fan-out; rule 1 says sum the incoming gradients.",
         engine_fn=copy_to_ranks,
-        torch_fn_name="copy_to_ranks",
         input_kind=REPLICATED,
         output_kind=PER_RANK,
         global_fn=global_copy,
@@ -327,7 +325,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
             "Each rank contributed one addend, so each receives the incoming gradient unchanged."
         ),
         engine_fn=reduce_from_ranks,
-        torch_fn_name="reduce_from_ranks",
         input_kind=PER_RANK,
         output_kind=REPLICATED,
         global_fn=global_reduce,
@@ -341,7 +338,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
             "and the summation over replicas rides along."
         ),
         engine_fn=gather_from_ranks,
-        torch_fn_name="gather_from_ranks",
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_gather,
@@ -352,7 +348,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         backward="all-gather",
         reasoning="The exact inverse of the row above.",
         engine_fn=reduce_scatter_to_ranks,
-        torch_fn_name="reduce_scatter_to_ranks",
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_reduce_scatter,
@@ -364,7 +359,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         backward="all-to-all (transposed)",
         reasoning="A permutation of data; its adjoint is the inverse permutation.",
         engine_fn=all_to_all_ranks,
-        torch_fn_name="all_to_all_ranks",
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_all_to_all,
@@ -376,7 +370,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         backward="all-gather",
         reasoning="Slicing forward, concatenating backward.",
         engine_fn=split_to_ranks,
-        torch_fn_name="split_to_ranks",
         input_kind=REPLICATED,
         output_kind=PER_RANK,
         global_fn=global_split,
@@ -391,7 +384,6 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
             "thing and the loss counts it once, so there is nothing to sum."
         ),
         engine_fn=gather_replicated,
-        torch_fn_name="gather_replicated",
         input_kind=PER_RANK,
         output_kind=REPLICATED,
         global_fn=global_gather_replicated,

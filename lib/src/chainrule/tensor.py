@@ -257,8 +257,8 @@ class Tensor:
 
     def reshape(self, *shape: int | tuple[int, ...]) -> Tensor:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
-            shape = tuple(shape[0])
-        return _ops.reshape(self, shape)
+            return _ops.reshape(self, tuple(shape[0]))
+        return _ops.reshape(self, shape)  # type: ignore[arg-type]  # (ints: checked by numpy)
 
     def transpose(self, *axes: int) -> Tensor:
         return _ops.transpose(self, axes or None)

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from chainrule import dist, duality
-from chainrule.tensor import Tensor
+from chainrule import dist, duality, interop
+from chainrule.interop import Framework
 
-Framework = Literal["engine", "torch"]
 Activation = str | Callable[[Any], Any]
 
 
@@ -99,22 +98,6 @@ def _activate(h: Any, activation: Activation) -> Any:
     return getattr(h, activation)()
 
 
-def _parameter(array: np.ndarray, framework: Framework) -> Any:
-    if framework == "engine":
-        return Tensor(np.array(array, dtype=np.float64), requires_grad=True)
-    import torch
-
-    return torch.tensor(array, dtype=torch.float64, requires_grad=True)
-
-
-def _numpy(value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, Tensor):
-        return value.data
-    return value.detach().cpu().numpy()
-
-
 class MLP:
     """``y = f̄(act(f(x) W₁ + b₁) W₂) + b₂`` on engine or torch tensors.
 
@@ -135,7 +118,8 @@ class MLP:
             raise ValueError(f"framework must be 'engine' or 'torch', not {framework!r}")
         self.framework = framework
         self.f, self.f_bar, self.activation = f, f_bar, activation
-        self.w1, self.b1, self.w2, self.b2 = (_parameter(a, framework) for a in weights.as_tuple())
+        leaves = (interop.leaf(a, framework) for a in weights.as_tuple())
+        self.w1, self.b1, self.w2, self.b2 = leaves
 
     def __call__(self, x: Any) -> Any:
         hidden = self.f(x) @ self.w1 + self.b1
@@ -147,15 +131,11 @@ class MLP:
 
     def weights(self) -> MLPWeights:
         """The current parameter values as numpy arrays."""
-        return MLPWeights(*(_numpy(p).copy() for p in self.parameters()))
+        return MLPWeights(*(interop.to_numpy(p).copy() for p in self.parameters()))
 
     def gradients(self) -> MLPWeights:
         """The parameters' ``.grad`` as numpy arrays (zeros where none arrived)."""
-        grads = []
-        for p in self.parameters():
-            g = p.grad
-            grads.append(np.zeros(_numpy(p).shape) if g is None else _numpy(g).copy())
-        return MLPWeights(*grads)
+        return MLPWeights(*(interop.gradient(p).copy() for p in self.parameters()))
 
 
 def single_device_mlp(
@@ -183,6 +163,8 @@ def tensor_parallel_mlp(
     """
     rank = dist.rank() if rank is None else rank
     world_size = dist.world_size() if world_size is None else world_size
+    default_f: Callable[[Any], Any]
+    default_f_bar: Callable[[Any], Any]
     if framework == "torch":
         from chainrule import duality_torch
 

@@ -8,6 +8,14 @@
 
 The same function runs unchanged with ``backend="gloo"`` (one process per rank, CPU),
 ``backend="nccl"`` (one GPU per rank) and under torchrun after :func:`init_from_env`.
+
+The modules: :mod:`~chainrule.dist.api` (the collectives, and ``run``),
+:mod:`~chainrule.dist.calls` (what the ranks must agree on, and the check),
+:mod:`~chainrule.dist.simulated` (the simulated world), :mod:`~chainrule.dist.torch_backend`
+(one rank on torch.distributed), :mod:`~chainrule.dist.pool` and
+:mod:`~chainrule.dist.worker` (the warm worker processes of ``run``),
+:mod:`~chainrule.dist.torchrun`, :mod:`~chainrule.dist.trace` and
+:mod:`~chainrule.dist.errors`.
 """
 
 from chainrule.dist.api import (
@@ -28,8 +36,9 @@ from chainrule.dist.api import (
     world_size,
 )
 from chainrule.dist.errors import CollectiveError, NoWorldError, RankError
+from chainrule.dist.pool import shutdown
 from chainrule.dist.simulated import SimulatedWorld
-from chainrule.dist.torch_backend import init_from_env, shutdown
+from chainrule.dist.torchrun import init_from_env
 from chainrule.dist.trace import CollectiveEvent, Trace
 
 __all__ = [

@@ -1,27 +1,33 @@
-"""One API over several backends: the collective functions, their dispatch and conversions.
+"""One API over every backend: the collectives, the world that answers them, and ``run``.
 
 An SPMD function ("single program, multiple data") runs once per rank and calls the same
-collectives in the same order on every rank. Which implementation answers a call depends on
-where the call runs:
+collectives in the same order on every rank. The world that answers a call depends on where
+the call runs:
 
-1. inside :func:`run` with ``backend="sim"``: the simulated world of the running rank (each
-   rank runs in its own greenlet and ``contextvars`` context);
+1. inside :func:`run` with ``backend="sim"``: the simulated rank running there (each rank runs
+   in a greenlet and a ``contextvars`` context of its own);
 2. inside a worker process of :func:`run` with ``backend="gloo"``/``"nccl"``, or after
-   :func:`chainrule.dist.init_from_env` under torchrun: ``torch.distributed``;
+   :func:`chainrule.dist.init_from_env` under torchrun: that process's torch.distributed rank;
 3. anywhere else a ``torch.distributed`` default process group is initialised: that group.
 
 Outside all three, :func:`rank`, :func:`world_size` and every collective raise
 :class:`~chainrule.dist.errors.NoWorldError` (there is no implicit world of one rank).
 
-Values: numpy arrays, :class:`chainrule.Tensor` (the collective reads ``.data`` and returns a
-NEW tensor with no graph; differentiable collectives live in :mod:`chainrule.duality`), torch
-tensors and Python numbers or lists (which become numpy arrays, so a float comes back as a
-0-d array). Every collective is functional: it returns its result and never mutates its input.
+Every collective below takes the same three steps. It checks its arguments and converts the
+value once: to a numpy array for the simulated world, to a torch tensor on the rank's device
+for torch.distributed. It hands the world a :class:`~chainrule.dist.calls.Call` (what the
+ranks must agree on) and that array. And it converts the result back to the kind of value
+passed: numpy arrays (Python numbers and lists become arrays, so a float comes back as a 0-d
+array), :class:`chainrule.Tensor` (a NEW tensor with no graph; the differentiable
+collectives are :mod:`chainrule.duality`) or torch tensors, on the device they came from.
+Every collective is functional: it returns its result and leaves its input alone, except
+:func:`all_reduce` with ``out=``.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -30,7 +36,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from chainrule.dist.errors import NoWorldError
+from chainrule import interop
+from chainrule.dist.calls import Call
+from chainrule.dist.errors import CollectiveError, NoWorldError
 
 BACKENDS = ("sim", "gloo", "nccl")
 """The backend names :func:`run` accepts besides ``"auto"`` (alias ``"torch"``)."""
@@ -60,91 +68,109 @@ class ReduceOp(enum.Enum):
         raise ValueError(f"unknown reduction {op!r}; use one of {choices}")
 
 
-# -- conversions ------------------------------------------------------------------------------
-
-Restore = Callable[[np.ndarray], Any]
-"""Turns a numpy result back into the type of the input it answers."""
+# -- the world that answers a collective ------------------------------------------------------
 
 
-def _chainrule_tensor_type() -> type | None:
-    # The Tensor class, if chainrule.tensor is loaded; a value can't be a Tensor otherwise.
-    module = sys.modules.get("chainrule.tensor")
-    return getattr(module, "Tensor", None)
+class World(Protocol):
+    """One rank of a backend, as the collectives see it.
 
-
-def _torch_module() -> Any:
-    # torch, if it is already imported; a value can't be a torch tensor otherwise.
-    return sys.modules.get("torch")
-
-
-def is_chainrule_tensor(x: Any) -> bool:
-    tensor_type = _chainrule_tensor_type()
-    return tensor_type is not None and isinstance(x, tensor_type)
-
-
-def is_torch_tensor(x: Any) -> bool:
-    torch = _torch_module()
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _as_array(array: np.ndarray) -> np.ndarray:
-    return array
-
-
-def _as_chainrule_tensor(array: np.ndarray) -> Any:
-    return _chainrule_tensor_type()(array, dtype=array.dtype)
-
-
-def torch_to_numpy(t: Any) -> np.ndarray:
-    """A torch tensor's values as a numpy array (bfloat16, which numpy lacks, as float32)."""
-    torch = _torch_module()
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.resolve_conj().resolve_neg().numpy()
-
-
-def _torch_restorer(like: Any) -> Restore:
-    def restore(array: np.ndarray) -> Any:
-        torch = _torch_module()
-        return torch.from_numpy(array).to(device=like.device, dtype=like.dtype)
-
-    return restore
-
-
-def to_numpy(x: Any) -> tuple[np.ndarray | None, Restore]:
-    """``x`` as a numpy array (no copy where possible) and the function that converts back.
-
-    ``None`` (a non-source rank of broadcast or scatter) stays ``None``.
+    ``native`` is the array type the backend computes with (``"numpy"`` or ``"torch"``, the
+    latter on ``device``). :meth:`collective` meets the other ranks in ``call`` with this
+    rank's ``data`` (a native array, or None) and returns this rank's result and the call the
+    ranks agreed on (the source's, for broadcast and scatter). ``into``: a native array that
+    shares the memory of all_reduce's ``out=``, which the backend may write the result into.
     """
-    if type(x) is np.ndarray and x.dtype.kind in "biufc":  # the common case, first
-        return x, _as_array
-    if x is None:
-        return None, _as_array
-    if is_chainrule_tensor(x):
-        return x.data, _as_chainrule_tensor
-    if is_torch_tensor(x):
-        return torch_to_numpy(x), _torch_restorer(x)
-    array = np.asarray(x)
-    if array.dtype.kind not in "biufc":
-        raise TypeError(
-            f"collectives move numbers; got a value of type {type(x).__name__} "
-            f"(numpy dtype {array.dtype})"
-        )
-    return array, _as_array
+
+    backend: str
+    rank: int
+    world_size: int
+    native: str
+    device: Any
+
+    def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]: ...
 
 
-def check_reducible(array: np.ndarray, op: ReduceOp) -> None:
-    """Raise TypeError where ``op`` has no meaning for ``array``'s dtype."""
-    kind = array.dtype.kind
-    if kind in "bciu":
-        check_reducible_kind(kind, array.dtype, op)
+_rank_world: ContextVar[World | None] = ContextVar("chainrule_rank_world", default=None)
+"""The simulated rank running in the current context (each rank has a context of its own)."""
+_process_world: World | None = None  # a torch.distributed rank owning this process
 
 
-def check_reducible_kind(kind: str, dtype: Any, op: ReduceOp) -> None:
-    """Raise TypeError where ``op`` has no meaning for a dtype of numpy kind ``kind``."""
+def set_rank_world(world: World | None) -> None:
+    """Make ``world`` answer the collectives called in the current context (None: stop)."""
+    _rank_world.set(world)
+
+
+def set_process_world(world: World | None) -> None:
+    """Make ``world`` answer the collectives of every thread of this process (None: stop)."""
+    global _process_world
+    _process_world = world
+
+
+def _chainrule_world() -> World | None:
+    """The rank of a world that :func:`run` or ``init_from_env`` started here, if any."""
+    world = _rank_world.get()
+    return world if world is not None else _process_world
+
+
+def current_world() -> World:
+    """The world that answers a collective called here (see the module docstring)."""
+    world = _chainrule_world()
+    if world is not None:
+        return world
+    torch_dist = sys.modules.get("torch.distributed")
+    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
+        from chainrule.dist import torchrun
+
+        return torchrun.default_group_world()
+    raise NoWorldError(
+        "no distributed world here: rank(), world_size() and the collectives work only inside "
+        "a function started by dist.run(fn, world_size, ...), or in a process that called "
+        "dist.init_from_env() (e.g. under torchrun)"
+    )
+
+
+def in_world() -> bool:
+    """Whether a collective called here would find a world (instead of raising NoWorldError)."""
+    try:
+        current_world()
+    except NoWorldError:
+        return False
+    return True
+
+
+# -- checks and conversions, once per call ----------------------------------------------------
+
+
+def _prepare(world: World, op: str, x: Any, params: tuple) -> tuple[Any, Call]:
+    """``x`` as the world's native array, and this rank's :class:`Call` of ``op``."""
+    if type(x) is np.ndarray and world.native == "numpy" and x.dtype.kind in "biufc":
+        return x, Call(op, params, x.shape, interop.numpy_dtype_name(x.dtype), "numpy")
+    kind, dtype = interop.kind_of(x), interop.dtype_name(x)
+    if world.native == "numpy":
+        data = interop.to_numpy(x)
+    else:
+        data = interop.to_torch(x, world.device)
+    return data, Call(op, params, tuple(data.shape), dtype, kind)
+
+
+def _result(result: Any, call: Call, like: Any) -> Any:
+    """The world's ``result`` (of ``call``'s dtype) as the kind of value ``like`` is, on its
+    device; as the kind the source passed when this rank passed None."""
+    if type(result) is np.ndarray and type(like) is np.ndarray:
+        return result
+    if like is None:
+        kind, device = call.kind, None
+    else:
+        kind = interop.kind_of(like)
+        device = like.device if kind == "torch" else None
+    return interop.restore(result, kind, call.dtype, device)  # type: ignore[arg-type]
+
+
+@functools.cache
+def check_reducible(dtype: str, op: ReduceOp) -> None:
+    """Raise TypeError where ``op`` has no meaning for values of ``dtype`` (remembered when
+    it has one: each collective asks)."""
+    kind = interop.numpy_kind(dtype)
     if kind == "b":
         raise TypeError(f"cannot reduce a boolean array with {op}; convert it to int or float")
     if op is ReduceOp.AVG and kind in "iu":
@@ -165,6 +191,19 @@ def normalize_axis(axis: int, ndim: int, what: str) -> int:
     return int(axis) % ndim
 
 
+def check_divisible(shape: tuple, axis: int, world_size: int, op: str, what: str = "axis") -> int:
+    """``axis`` of ``shape``, which must split into ``world_size`` equal chunks (one per rank)."""
+    if not shape:
+        raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
+    axis = normalize_axis(axis, len(shape), what)
+    if shape[axis] % world_size:
+        raise ValueError(
+            f"{op}: {what}={axis} has length {shape[axis]}, which does not divide into "
+            f"{world_size} equal chunks (one per rank)"
+        )
+    return axis
+
+
 def check_src(src: int, world_size: int) -> int:
     """``src`` as the int rank it must be, or TypeError/ValueError."""
     if isinstance(src, bool) or not isinstance(src, int | np.integer):
@@ -174,92 +213,17 @@ def check_src(src: int, world_size: int) -> int:
     return int(src)
 
 
-def check_divisible(value: Any, axis: int, world_size: int, op: str, what: str = "axis") -> int:
-    """``axis`` of ``value`` (a numpy array or torch tensor), which must split into
-    ``world_size`` equal chunks, one per rank; ValueError or IndexError otherwise."""
-    if value.ndim == 0:
-        raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
-    axis = normalize_axis(axis, value.ndim, what)
-    if value.shape[axis] % world_size:
-        raise ValueError(
-            f"{op}: {what}={axis} has length {value.shape[axis]}, which does not divide into "
-            f"{world_size} equal chunks (one per rank)"
-        )
-    return axis
-
-
-# -- dispatch ---------------------------------------------------------------------------------
-
-
-class RankBackend(Protocol):
-    """What one rank of a backend implements (inputs as the user passed them)."""
-
-    def rank(self) -> int: ...
-    def world_size(self) -> int: ...
-    def all_reduce(self, x: Any, op: ReduceOp, out: Any = None) -> Any: ...
-    def all_gather(self, x: Any, axis: int) -> Any: ...
-    def reduce_scatter(self, x: Any, op: ReduceOp, axis: int) -> Any: ...
-    def all_to_all(self, x: Any, split_axis: int, concat_axis: int) -> Any: ...
-    def broadcast(self, x: Any, src: int) -> Any: ...
-    def scatter(self, x: Any, src: int, axis: int) -> Any: ...
-    def barrier(self) -> None: ...
-
-
-_rank_backend: ContextVar[RankBackend | None] = ContextVar("chainrule_rank_backend", default=None)
-"""The simulated rank running in the current context (each rank has a context of its own)."""
-_process_backend: RankBackend | None = None  # a torch.distributed rank owning this process
-
-
-def set_rank_backend(backend: RankBackend | None) -> None:
-    """Make ``backend`` answer the collectives called in the current context (None: stop)."""
-    _rank_backend.set(backend)
-
-
-def set_process_backend(backend: RankBackend | None) -> None:
-    """Make ``backend`` answer the collectives of every thread of this process (None: stop)."""
-    global _process_backend
-    _process_backend = backend
-
-
-def current_backend() -> RankBackend:
-    """The backend that answers a collective called here (see the module docstring)."""
-    backend = _rank_backend.get()
-    if backend is not None:
-        return backend
-    if _process_backend is not None:
-        return _process_backend
-    torch_dist = sys.modules.get("torch.distributed")
-    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
-        from chainrule.dist import torch_backend
-
-        return torch_backend.default_group_backend()
-    raise NoWorldError(
-        "no distributed world here: rank(), world_size() and the collectives work only inside "
-        "a function started by dist.run(fn, world_size, ...), or in a process that called "
-        "dist.init_from_env() (e.g. under torchrun)"
-    )
-
-
-def in_world() -> bool:
-    """Whether a collective called here would find a world (instead of raising NoWorldError)."""
-    try:
-        current_backend()
-    except NoWorldError:
-        return False
-    return True
-
-
 # -- the collectives --------------------------------------------------------------------------
 
 
 def rank() -> int:
     """This rank's index r ∈ {0, ..., P−1} inside an SPMD function."""
-    return current_backend().rank()
+    return current_world().rank
 
 
 def world_size() -> int:
     """The number of ranks P inside an SPMD function."""
-    return current_backend().world_size()
+    return current_world().world_size
 
 
 def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> Any:
@@ -271,12 +235,25 @@ def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> An
     result into ``out`` (an array of x's shape and dtype, which may be ``x`` itself: then it
     works in place like ``torch.distributed.all_reduce``) and return ``out``.
     """
-    backend = current_backend()
-    if type(op) is not ReduceOp:  # (a name; checking here saves a call per collective)
+    world = current_world()
+    if type(op) is not ReduceOp:
         op = ReduceOp.coerce(op)
+    data, call = _prepare(world, "all_reduce", x, (("op", op),))
+    check_reducible(call.dtype, op)
     if out is None:
-        return backend.all_reduce(x, op)
-    return backend.all_reduce(x, op, out=out)
+        return _result(world.collective(call, data)[0], call, x)
+    interop.check_writable(out, "all_reduce")
+    shape, dtype = tuple(out.shape), interop.dtype_name(out)
+    if (shape, dtype) != (call.shape, call.dtype):
+        raise ValueError(
+            f"all_reduce: out has shape {shape} {dtype} but x has {call.shape} {call.dtype}; "
+            "out must be like x"
+        )
+    into = interop.torch_view(out, world.device) if world.native == "torch" else None
+    result, _ = world.collective(call, data, into)
+    if result is not into:
+        interop.copy_into(out, result)
+    return out
 
 
 def all_gather(x: Any, axis: int = 0) -> Any:
@@ -285,7 +262,13 @@ def all_gather(x: Any, axis: int = 0) -> Any:
     A 0-d input counts as shape (1,), so gathering a scalar gives a vector of length P.
     The adjoint is :func:`reduce_scatter` (sum) along the same axis.
     """
-    return current_backend().all_gather(x, axis)
+    world = current_world()
+    data, call = _prepare(world, "all_gather", x, ())
+    if data.ndim == 0:
+        data = data.reshape(1)
+    axis = normalize_axis(axis, data.ndim, "axis")
+    call = call._replace(params=(("axis", axis),), shape=tuple(data.shape))
+    return _result(world.collective(call, data)[0], call, x)
 
 
 def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, axis: int = 0) -> Any:
@@ -293,7 +276,13 @@ def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, axis: int = 0) -> 
 
     Equal to ``split(all_reduce(x, op), P, axis)[r]`` but moves (P−1)/P of the data once.
     """
-    return current_backend().reduce_scatter(x, ReduceOp.coerce(op), axis)
+    world = current_world()
+    op = ReduceOp.coerce(op)
+    data, call = _prepare(world, "reduce_scatter", x, ())
+    check_reducible(call.dtype, op)
+    axis = check_divisible(call.shape, axis, world.world_size, "reduce_scatter")  # type: ignore[arg-type]
+    call = call._replace(params=(("op", op), ("axis", axis)))
+    return _result(world.collective(call, data)[0], call, x)
 
 
 def all_to_all(x: Any, split_axis: int = 0, concat_axis: int = 0) -> Any:
@@ -302,7 +291,13 @@ def all_to_all(x: Any, split_axis: int = 0, concat_axis: int = 0) -> Any:
     Rank r returns concat(chunk_r(x_0), ..., chunk_r(x_{P−1})) along ``concat_axis``: a
     transpose of the (rank, chunk) grid, e.g. from sharding a sequence to sharding heads.
     """
-    return current_backend().all_to_all(x, split_axis, concat_axis)
+    world = current_world()
+    data, call = _prepare(world, "all_to_all", x, ())
+    shape: tuple = call.shape  # type: ignore[assignment]
+    split_axis = check_divisible(shape, split_axis, world.world_size, "all_to_all", "split_axis")
+    concat_axis = normalize_axis(concat_axis, len(shape), "concat_axis")
+    call = call._replace(params=(("split_axis", split_axis), ("concat_axis", concat_axis)))
+    return _result(world.collective(call, data)[0], call, x)
 
 
 def broadcast(x: Any = None, src: int = 0) -> Any:
@@ -310,20 +305,51 @@ def broadcast(x: Any = None, src: int = 0) -> Any:
 
     The other ranks may pass None or an array of the source's shape and dtype.
     """
-    return current_backend().broadcast(x, src)
+    world = current_world()
+    src = check_src(src, world.world_size)
+    if x is None:
+        if world.rank == src:
+            raise ValueError(f"broadcast: the source rank {src} must pass an array, not None")
+        data, call = None, Call("broadcast", (("src", src),))
+    else:
+        data, call = _prepare(world, "broadcast", x, (("src", src),))
+    result, source = world.collective(call, data)
+    return _result(result, source, x)
 
 
 def scatter(x: Any = None, src: int = 0, axis: int = 0) -> Any:
     """Rank r gets chunk r (along ``axis``) of rank ``src``'s x (other ranks may pass None)."""
-    return current_backend().scatter(x, src, axis)
+    world = current_world()
+    src = check_src(src, world.world_size)
+    if world.rank != src:  # only the source's value and axis count
+        data, call = None, Call("scatter", (("src", src),))
+    elif x is None:
+        raise ValueError(f"scatter: the source rank {src} must pass an array, not None")
+    else:
+        data, call = _prepare(world, "scatter", x, ())
+        axis = check_divisible(call.shape, axis, world.world_size, "scatter")  # type: ignore[arg-type]
+        call = call._replace(params=(("src", src), ("axis", axis)))
+    result, source = world.collective(call, data)
+    return _result(result, source, x)
 
 
 def barrier() -> None:
     """Wait until every rank has reached this point."""
-    current_backend().barrier()
+    current_world().collective(Call("barrier"), None)
 
 
 # -- choosing and starting a backend ----------------------------------------------------------
+
+
+def refuse_nested_run() -> None:
+    """Raise CollectiveError when called inside an SPMD function: ranks start no worlds."""
+    outer = _chainrule_world()
+    if outer is not None:
+        raise CollectiveError(
+            f"dist.run was called inside an SPMD function, on rank {outer.rank} of a "
+            f"{outer.backend} world of {outer.world_size}: a rank cannot start a world of its "
+            "own; call dist.run once, outside the function, and the collectives inside it"
+        )
 
 
 def is_available(backend: str) -> bool:
@@ -333,11 +359,16 @@ def is_available(backend: str) -> bool:
         return True
     if backend in ("auto", "torch"):
         return is_available("gloo") or is_available("nccl")
-    if backend not in BACKENDS:
+    if backend not in BACKENDS or importlib.util.find_spec("torch") is None:
         return False
-    from chainrule.dist import torch_backend
+    import torch
+    import torch.distributed as torch_dist
 
-    return torch_backend.backend_available(backend)
+    if not torch_dist.is_available():
+        return False
+    if backend == "gloo":
+        return bool(torch_dist.is_gloo_available())
+    return bool(torch_dist.is_nccl_available() and torch.cuda.device_count() > 0)
 
 
 def available_backends() -> list[str]:
@@ -345,12 +376,25 @@ def available_backends() -> list[str]:
     return [name for name in BACKENDS if is_available(name)]
 
 
+def auto_backend(world_size: int) -> str:
+    """ "nccl" with a GPU for every rank, else "gloo"."""
+    if is_available("nccl"):
+        import torch
+
+        if torch.cuda.device_count() >= world_size:
+            return "nccl"
+    if is_available("gloo"):
+        return "gloo"
+    raise RuntimeError(
+        "no torch.distributed backend is available here (is torch installed?); use "
+        "backend='sim' for the simulated world"
+    )
+
+
 def resolve_backend(backend: str, world_size: int) -> str:
     """The concrete backend for ``run``: "auto"/"torch" is nccl with a GPU per rank, else gloo."""
     if backend in ("auto", "torch"):
-        from chainrule.dist import torch_backend
-
-        return torch_backend.auto_backend(world_size)
+        return auto_backend(world_size)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS + ('auto',)}")
     if backend == "gloo" and importlib.util.find_spec("torch") is not None:
@@ -380,13 +424,13 @@ def run(
     per rank, kept alive between calls), "auto" (nccl with one GPU per rank, else gloo).
     ``timeout`` (seconds): on "sim" how long a rank may run its own code without reaching a
     collective (default :data:`chainrule.dist.simulated.DEFAULT_TIMEOUT`), on torch backends
-    how long the whole call may take (default :data:`chainrule.dist.torch_backend.DEFAULT_TIMEOUT`).
+    how long the whole call may take (default :data:`chainrule.dist.pool.DEFAULT_TIMEOUT`).
     ``deterministic`` (sim only): every rank receives the same bits, reduced in rank order;
     False lets each rank sum in its own ring order, so results differ in the last bits.
     ``trace``: a :class:`~chainrule.dist.trace.Trace` that receives one event per collective.
 
     An exception on a rank is re-raised as :class:`~chainrule.dist.errors.RankError`; a
-    mismatch, a rank that left early or a timeout as
+    mismatch, a rank that left early, a timeout or a ``run`` inside a rank as
     :class:`~chainrule.dist.errors.CollectiveError`.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer):
@@ -395,6 +439,7 @@ def run(
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    refuse_nested_run()
     kwargs = dict(kwargs or {})
     name = resolve_backend(backend, int(world_size))
     if name == "sim":
@@ -404,6 +449,6 @@ def run(
             int(world_size), timeout=timeout, deterministic=deterministic, trace=trace
         )
         return world.run(fn, args, kwargs)
-    from chainrule.dist import torch_backend
+    from chainrule.dist import pool
 
-    return torch_backend.run(fn, int(world_size), name, args, kwargs, timeout, trace)
+    return pool.run(fn, int(world_size), name, args, kwargs, timeout, trace)

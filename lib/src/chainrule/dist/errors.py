@@ -13,6 +13,11 @@ class CollectiveError(RuntimeError):
     """
 
 
+class CollectiveAborted(CollectiveError):
+    """Raised inside a rank's collective when the run already failed elsewhere (another rank
+    raised, or the ranks disagreed): it releases the rank, and is not itself the failure."""
+
+
 class RankError(RuntimeError):
     """An exception raised by the SPMD function on one rank, re-raised in the caller.
 

@@ -8,6 +8,7 @@ broadcasting copies a value, and copies' gradients add (rule 1).
 from __future__ import annotations
 
 from numbers import Number
+from typing import cast
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def pow(a: ArrayLike, exponent: ArrayLike) -> Tensor:
     """
     if isinstance(exponent, Number) and not isinstance(exponent, bool):
         a = operand(a)
-        ad, p = a.data, exponent
+        ad, p = a.data, cast(float, exponent)
         out = ad**p
 
         def vjp_number(g: np.ndarray) -> tuple[np.ndarray]:
