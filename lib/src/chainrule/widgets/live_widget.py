@@ -83,7 +83,7 @@ def sized(control: ipywidgets.ValueWidget) -> ipywidgets.ValueWidget:
     return control
 
 
-class LiveWidget(ipywidgets.VBox):  # type: ignore[misc]
+class LiveWidget(ipywidgets.VBox):
     """Controls on top, then the HTML table, then the plot; recomputed on every change.
 
     ``controls`` maps keyword names of ``compute`` to value widgets (sliders, dropdowns...);
