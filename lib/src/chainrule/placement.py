@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chainrule import dist
+from chainrule.comm_cost import ring_bytes
 from chainrule.duality import DualityRow, duality_row
 from chainrule.tensor import Tensor
 
@@ -200,6 +201,12 @@ class Transition:
     def backward_text(self) -> str:
         """The backward collective in words, as the rows' VJPs run it."""
         return collective_text(self.backward_ops)
+
+    def communication(self, nbytes: float, world_size: int) -> list[tuple[str, str, float]]:
+        """``(pass, collective, bytes per rank)`` of every collective of the transition, forward
+        first, for a (global) tensor of ``nbytes`` (:func:`chainrule.comm_cost.ring_bytes`)."""
+        passes = [("forward", self.forward_ops), ("backward", self.backward_ops)]
+        return [(p, op, ring_bytes(op, nbytes, world_size)) for p, ops in passes for op in ops]
 
     def apply(self, local: Tensor) -> Tensor:
         """This rank's tensor after the transition (differentiable: each step is a row)."""

@@ -71,7 +71,8 @@ class Agreement:
 _meshes: dict[int, Any] = {}  # one device mesh per world size, kept for the life of the worker
 
 
-def _mesh(world_size: int) -> Any:
+def device_mesh(world_size: int) -> Any:
+    """The 1-D DTensor device mesh over the ranks of this process's group, made once."""
     if world_size not in _meshes:
         from torch.distributed.device_mesh import DeviceMesh
 
@@ -81,7 +82,8 @@ def _mesh(world_size: int) -> Any:
     return _meshes[world_size]
 
 
-def _torch_placement(placement: Placement) -> Any:
+def torch_placement(placement: Placement) -> Any:
+    """The ``torch.distributed.tensor`` placement of the same name."""
     from torch.distributed import tensor as dtensor
 
     if isinstance(placement, Shard):
@@ -114,12 +116,12 @@ def _dtensor(case: Case, x_local: np.ndarray, g_local: np.ndarray) -> tuple[np.n
     import torch
     from torch.distributed import tensor as dtensor
 
-    mesh = _mesh(torch.distributed.get_world_size())
-    x = dtensor.DTensor.from_local(
-        torch.tensor(x_local), mesh, [_torch_placement(case.source)], run_check=False
+    mesh = device_mesh(torch.distributed.get_world_size())
+    x: Any = dtensor.DTensor.from_local(  # a DTensor leaf (requires_grad_ is typed as Tensor's)
+        torch.tensor(x_local), mesh, [torch_placement(case.source)], run_check=False
     ).requires_grad_(True)
-    y = x.redistribute(mesh, [_torch_placement(case.target)])
-    grad_placement = dtensor.Partial() if case.fan_out else _torch_placement(case.target)
+    y = x.redistribute(mesh, [torch_placement(case.target)])
+    grad_placement = dtensor.Partial() if case.fan_out else torch_placement(case.target)
     g = dtensor.DTensor.from_local(torch.tensor(g_local), mesh, [grad_placement], run_check=False)
     y.backward(g)
     assert x.grad is not None

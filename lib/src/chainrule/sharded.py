@@ -260,13 +260,12 @@ class MatmulPlan:
         forward first; ``sizes`` are the global sizes in bytes of ``"A"`` and ``"B"``."""
         found: list[tuple[str, str, str, float]] = []
         for name, step in self.before.items():
-            for op in step.forward_ops:
-                found.append(("forward", op, name, ring_bytes(op, sizes[name], world_size)))
-        backward = [(name, step.backward_ops) for name, step in self.before.items()]
-        backward += [(name, ("all_reduce",)) for name in self.fan_outs]
-        for name, ops_ in backward:
-            for op in ops_:
-                found.append(("backward", op, name, ring_bytes(op, sizes[name], world_size)))
+            found += [(p, op, name, b) for p, op, b in step.communication(sizes[name], world_size)]
+        found.sort(key=lambda row: row[0] != "forward")  # the forward pass first
+        for name in self.fan_outs:
+            found.append(
+                ("backward", "all_reduce", name, ring_bytes("all_reduce", sizes[name], world_size))
+            )
         return found
 
 

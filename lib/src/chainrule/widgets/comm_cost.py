@@ -87,8 +87,12 @@ def step_communication(
     x_bytes, y_bytes = tokens * hidden * itemsize, tokens * hidden * itemsize
     w1_bytes, w2_bytes = hidden * ffn * itemsize, ffn * hidden * itemsize
     found = []
-    if x_step is not None:
-        found += [("forward", op, "X", ring_bytes(op, x_bytes, P)) for op in x_step.forward_ops]
+    if x_step is not None:  # into the block: the forward collective first
+        found += [
+            ("forward", op, "X", b)
+            for p, op, b in x_step.communication(x_bytes, P)
+            if p == "forward"
+        ]
     renamed = {"A": "X", "B": "W₁"}
     found += [(p, op, renamed[on], b) for p, op, on, b in first.communication(
         {"A": x_bytes, "B": w1_bytes}, P)]  # fmt: skip
@@ -98,10 +102,13 @@ def step_communication(
     if reduce_to is not None:
         assert isinstance(second.output, Partial)
         out = transition(second.output, reduce_to)
-        found += [("forward", op, "Y", ring_bytes(op, y_bytes, P)) for op in out.forward_ops]
-        found += [("backward", op, "Y", ring_bytes(op, y_bytes, P)) for op in out.backward_ops]
-    if x_step is not None:
-        found += [("backward", op, "X", ring_bytes(op, x_bytes, P)) for op in x_step.backward_ops]
+        found += [(p, op, "Y", b) for p, op, b in out.communication(y_bytes, P)]
+    if x_step is not None:  # and its backward, last
+        found += [
+            ("backward", op, "X", b)
+            for p, op, b in x_step.communication(x_bytes, P)
+            if p == "backward"
+        ]
     return found
 
 

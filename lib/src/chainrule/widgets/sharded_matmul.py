@@ -133,14 +133,8 @@ def matmul_case(
     output = plan.output
     if target is not None and target != output:
         step = transition(output, target)
-        c_bytes = I * K * itemsize
-        from chainrule.comm_cost import ring_bytes
-
         communication += [
-            ("forward", op, "C", ring_bytes(op, c_bytes, world_size)) for op in step.forward_ops
-        ]
-        communication += [
-            ("backward", op, "C", ring_bytes(op, c_bytes, world_size)) for op in step.backward_ops
+            (p, op, "C", b) for p, op, b in step.communication(I * K * itemsize, world_size)
         ]
         output = target
     # The same product on small integer matrices, traced.
@@ -211,7 +205,7 @@ def case_table(case: MatmulCase) -> str:
 CELL, GAP, LABEL_PT, TEXT_PT = 26.0, 34.0, 9.0, 8.0
 
 
-def _holders(placement: Placement | None, world: int, block: tuple[int, int]) -> str | int | None:
+def _holders(placement: Placement | None, block: tuple[int, int]) -> str | int | None:
     """Who holds block (i, j) of a P × P grid: a rank, "all", "sum" (addends), or None."""
     i, j = block
     if placement is None:
@@ -221,6 +215,17 @@ def _holders(placement: Placement | None, world: int, block: tuple[int, int]) ->
     if isinstance(placement, Partial):
         return "sum"
     return i if placement.axis == 0 else j
+
+
+def _look(who: str | int | None) -> tuple[str, str]:
+    """A block's colour and label: its rank's, every rank's, the addends', or nobody's."""
+    if isinstance(who, int):
+        return RANK_COLOURS[who], f"r{who}"
+    if who == "all":
+        return ALL_COLOUR, "all"
+    if who == "sum":
+        return SUM_COLOUR, "Σ"
+    return MISSING_COLOUR, "✕"
 
 
 def plot_blocks(case: MatmulCase) -> Figure:
@@ -246,20 +251,16 @@ def plot_blocks(case: MatmulCase) -> Figure:
                 ha="center", va="center", fontsize=LABEL_PT)  # fmt: skip
         for i in range(P):
             for j in range(P):
-                who = _holders(placement, P, (i, j))
+                who = _holders(placement, (i, j))
                 if k == 2 and invalid_free:
                     who = i if i == j else None  # only the diagonal blocks are computed
-                colour = {"all": ALL_COLOUR, "sum": SUM_COLOUR, None: MISSING_COLOUR}.get(
-                    who,  # type: ignore[arg-type]
-                    RANK_COLOURS[int(who)] if isinstance(who, int) else MISSING_COLOUR,
-                )
+                colour, label = _look(who)
                 ax.add_patch(
                     Rectangle(
                         (x0 + j * CELL, y0 + (P - 1 - i) * CELL), CELL, CELL,
                         facecolor=colour, edgecolor="black", linewidth=0.6,
                     )
                 )  # fmt: skip
-                label = {"all": "all", "sum": "Σ", None: "✕"}.get(who, f"r{who}")  # type: ignore[arg-type]
                 ax.text(x0 + (j + 0.5) * CELL, y0 + (P - 0.5 - i) * CELL, label,
                         ha="center", va="center", fontsize=TEXT_PT)  # fmt: skip
         if k < 2:
