@@ -222,6 +222,12 @@ CASE_TEXT: dict[str, str] = {
 }
 
 
+PENDING_TIMES_SHARD = (
+    "each rank's addend of the pending sum meets only that rank's slice of the other operand: "
+    "the products of the other ranks' addends with this slice are computed by no rank"
+)
+
+
 @dataclass(frozen=True)
 class MatmulPlan:
     """How ``C = A · B`` is computed from the placements of A (n-D, ``A[…, I, J]``) and B
@@ -230,8 +236,8 @@ class MatmulPlan:
     ``case`` is one of :data:`CASE_TEXT`. ``before`` maps ``"A"``/``"B"`` to the transition
     applied first (the all-gather of case 2); ``fan_outs`` names the replicated operands that
     fan out into the per-rank product (all-reduce of their gradients); ``output`` is C's
-    placement (``None`` when invalid) and ``output_fanned`` whether C fans out. ``remedy``
-    says what makes an invalid product valid.
+    placement (``None`` when invalid) and ``output_fanned`` whether C fans out. For an invalid
+    product ``reason`` says why and ``remedy`` what makes it valid.
     """
 
     a: Placement
@@ -244,6 +250,7 @@ class MatmulPlan:
     output: Placement | None = None
     output_fanned: bool = False
     remedy: str = ""
+    reason: str = ""
 
     @property
     def valid(self) -> bool:
@@ -251,7 +258,8 @@ class MatmulPlan:
 
     @property
     def explanation(self) -> str:
-        return CASE_TEXT[self.case]
+        """Why this case: the invalid product's own reason, or the case's text."""
+        return self.reason or CASE_TEXT[self.case]
 
     def communication(
         self, sizes: dict[str, int], world_size: int
@@ -334,21 +342,26 @@ def plan_matmul(
 
     if ra == "partial" or rb == "partial":
         if ra == rb == "partial":
-            return make("invalid", remedy="reduce A first (an all-reduce to Replicate)")
+            return make(
+                "invalid",
+                reason="a product of two pending sums is not the sum of the ranks' products: "
+                "(Σ_p A_p)(Σ_q B_q) also has the cross terms A_p B_q, which no rank holds",
+                remedy="reduce A first (an all-reduce to Replicate)",
+            )
         if ra == "partial" and rb != "replicate":
             fix = (
                 f"reduce-scatter A to Shard({a_ndim - 1}) first (then partial sums)"
                 if rb == "contract"
                 else "all-reduce A to Replicate first"
             )
-            return make("invalid", remedy=fix)
+            return make("invalid", reason=PENDING_TIMES_SHARD, remedy=fix)
         if rb == "partial" and ra != "replicate":
             fix = (
                 "reduce-scatter B to Shard(0) first (then partial sums)"
                 if ra == "contract"
                 else "all-reduce B to Replicate first"
             )
-            return make("invalid", remedy=fix)
+            return make("invalid", reason=PENDING_TIMES_SHARD, remedy=fix)
         return local(ra, rb, a_fanned, b_fanned)
     if ra == "contract" and rb == "contract":
         return make("partial sums", output=Partial())
@@ -363,6 +376,8 @@ def plan_matmul(
     if ra in ("free", "batch") and rb == "free":
         return make(
             "invalid",
+            reason="A is sharded along I and B along K over the same ranks: rank p holds A[I_p, J] "
+            "and B[J, K_p] and can compute only the block C[I_p, K_p]",
             remedy="all-gather B along K first (fanned out, so its backward is a reduce-scatter); "
             "or all-gather A",
         )
