@@ -139,6 +139,21 @@ FAMILIES: tuple[Family, ...] = (
         "every kernel in bubblewrap against the same batches with `--no-sandbox`, alternated "
         "(without, with, with, without), with identical grades.",
     ),
+    Family(
+        "redistribute",
+        "Redistribution against PyTorch's DTensor (gloo, 2 processes)",
+        "benchmarks.redistribute:measure",
+        3,
+        'Inside one `chainrule.dist.run(fn, 2, backend="gloo")`, timed on rank 0 after a '
+        "barrier, subject and baseline alternating. One sample is a forward and a backward "
+        "redistribution of a float32 tensor of S bytes: `chainrule.sharded.redistribute` on an "
+        "engine tensor (numpy; each transition one row of the duality table, its collectives "
+        "through `chainrule.dist`) against `DTensor.redistribute` and `backward` on a DTensor of "
+        "the same placement, on the same process group. Shard(0) → Replicate is an all-gather "
+        "forward and a split backward, Partial → Replicate an all-reduce and the identity, "
+        "Partial → Shard(0) a reduce-scatter and an all-gather. *agree*: both give the same "
+        "outputs and input gradients for every pair of placements.",
+    ),
 )
 
 

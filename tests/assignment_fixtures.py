@@ -1,10 +1,11 @@
-"""Submissions of the ``check_yourself`` assignment, built from its release, and their grading.
+"""Submissions of the course's assignments, built from their releases, and their grading.
 
-A submission is the release notebook with its solution cells filled in: with the instructor's
-solutions (from ``source/``), or with a fixture variant from
-``tests/fixtures/check_yourself/<notebook>.py`` that replaces some of them. Grading always
-happens in a temporary copy of the course (``make_course``), never in the repository's own
-gradebook, ``submitted/`` or ``autograded/``.
+An :class:`Assignment` is one folder of ``source/`` (``check_yourself``, ``sharded``): its
+notebooks, its release and its fixtures. A submission is the release notebook with its solution
+cells filled in: with the instructor's solutions (from ``source/``), or with a fixture variant
+from ``tests/fixtures/<assignment>/<notebook>.py`` that replaces some of them. Grading always
+happens in a temporary copy of the course (:meth:`Assignment.make_course`), never in the
+repository's own gradebook, ``submitted/`` or ``autograded/``.
 """
 
 from __future__ import annotations
@@ -23,17 +24,6 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
-ASSIGNMENT = "check_yourself"
-NOTEBOOKS = (
-    "ex1_equal_shards",
-    "ex2_uneven_tokens",
-    "ex3_norms",
-    "ex4_all_gather_backward",
-    "ex5_conjugate_pair",
-)
-SOURCE_DIR = REPO / "source" / ASSIGNMENT
-RELEASE_DIR = REPO / "release" / ASSIGNMENT
-FIXTURE_DIR = REPO / "tests" / "fixtures" / ASSIGNMENT
 COURSE_ID = "autograd-distributed"
 
 
@@ -70,18 +60,6 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
-def graded_test_ids(notebook: str) -> list[str]:
-    """The grade ids of the autograded test cells of a notebook, in order."""
-    nb = read_notebook(SOURCE_DIR / f"{notebook}.ipynb")
-    return [grade_id(c) for c in nb.cells if is_test(c)]
-
-
-def instructor_solutions(notebook: str) -> dict[str, str]:
-    """The instructor's code of every solution cell of a notebook, by grade id."""
-    nb = read_notebook(SOURCE_DIR / f"{notebook}.ipynb")
-    return {grade_id(c): c.source for c in nb.cells if is_code_solution(c)}
-
-
 # -- fixture variants ----------------------------------------------------------------------------
 
 
@@ -95,66 +73,189 @@ class Variant:
     loses: frozenset[str]
     message: str | None = None  # a phrase the feedback of a wrong variant must contain
     hidden_only: str | None = None  # why only the hidden tests catch this wrong variant
+    assignment: str = "check_yourself"
 
     @property
     def is_right(self) -> bool:
         return not self.loses
 
 
-def load_variants(notebook: str) -> dict[str, Variant]:
-    """The variants of ``tests/fixtures/check_yourself/<notebook>.py``, by name."""
-    path = FIXTURE_DIR / f"{notebook}.py"
-    spec = importlib.util.spec_from_file_location(f"check_yourself_fixture_{notebook}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return {
-        name: Variant(
-            notebook,
-            name,
-            dict(v["cells"]),
-            frozenset(v["loses"]),
-            v.get("message"),
-            v.get("hidden_only"),
+# -- an assignment -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One assignment of ``source/``: where its notebooks, release and fixtures are, and how a
+    submission of it is built and graded."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def source_dir(self) -> Path:
+        return REPO / "source" / self.name
+
+    @property
+    def release_dir(self) -> Path:
+        return REPO / "release" / self.name
+
+    @property
+    def fixture_dir(self) -> Path:
+        return REPO / "tests" / "fixtures" / self.name
+
+    @property
+    def notebooks(self) -> tuple[str, ...]:
+        """The notebooks' names (without ``.ipynb``), in order."""
+        return tuple(sorted(p.stem for p in self.source_dir.glob("*.ipynb")))
+
+    def graded_test_ids(self, notebook: str) -> list[str]:
+        """The grade ids of the autograded test cells of a notebook, in order."""
+        nb = read_notebook(self.source_dir / f"{notebook}.ipynb")
+        return [grade_id(c) for c in nb.cells if is_test(c)]
+
+    def instructor_solutions(self, notebook: str) -> dict[str, str]:
+        """The instructor's code of every solution cell of a notebook, by grade id."""
+        nb = read_notebook(self.source_dir / f"{notebook}.ipynb")
+        return {grade_id(c): c.source for c in nb.cells if is_code_solution(c)}
+
+    def instructor_answers(self, notebook: str) -> dict[str, str]:
+        """The instructor's text of every written (manually graded) answer cell, by grade id."""
+        nb = read_notebook(self.source_dir / f"{notebook}.ipynb")
+        return {grade_id(c): c.source for c in nb.cells if is_written_answer(c)}
+
+    def load_variants(self, notebook: str) -> dict[str, Variant]:
+        """The variants of ``tests/fixtures/<assignment>/<notebook>.py``, by name."""
+        path = self.fixture_dir / f"{notebook}.py"
+        spec = importlib.util.spec_from_file_location(f"{self.name}_fixture_{notebook}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return {
+            name: Variant(
+                notebook,
+                name,
+                dict(v["cells"]),
+                frozenset(v["loses"]),
+                v.get("message"),
+                v.get("hidden_only"),
+                self.name,
+            )
+            for name, v in module.VARIANTS.items()
+        }
+
+    def build_submission(
+        self,
+        notebook: str,
+        replacements: Mapping[str, str] | None = None,
+        instructor: bool = True,
+        written: bool = False,
+    ) -> nbformat.NotebookNode:
+        """The release notebook with its solution cells filled in.
+
+        Cells named in ``replacements`` get that code; the others get the instructor's solution
+        (``instructor=True``) or keep the release's stub. A replacement for a cell that is not a
+        code solution cell of the notebook is an error. With ``written=True`` the written
+        answers get the instructor's text too (otherwise they keep "YOUR ANSWER HERE").
+        """
+        nb = read_notebook(self.release_dir / f"{notebook}.ipynb")
+        replacements = dict(replacements or {})
+        solutions = self.instructor_solutions(notebook) if instructor else {}
+        answers = self.instructor_answers(notebook) if written else {}
+        solution_ids = {grade_id(c) for c in nb.cells if is_code_solution(c)}
+        unknown = set(replacements) - solution_ids
+        if unknown:
+            raise ValueError(f"{notebook}: no solution cells {sorted(unknown)}; has {solution_ids}")
+        for cell in nb.cells:
+            cell_id = grade_id(cell)
+            if is_code_solution(cell):
+                code = replacements.get(cell_id, solutions.get(cell_id, cell.source))
+                cell.source = code.strip("\n")
+            elif is_written_answer(cell) and cell_id in answers:
+                cell.source = answers[cell_id]
+        return nb
+
+    def make_course(self, root: Path) -> Path:
+        """A copy of the course under ``root`` (config and this assignment's source) whose
+        gradebook knows the assignment (``generate_assignment`` has run there)."""
+        course = root / "course"
+        (course / "source").mkdir(parents=True)
+        shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
+        shutil.copytree(self.source_dir, course / "source" / self.name)
+        nbgrader(course, "generate_assignment", self.name, "--force")
+        return course
+
+    def write_submission(
+        self, course: Path, student: str, notebooks: Mapping[str, nbformat.NotebookNode]
+    ) -> None:
+        """Place a student's notebooks where ``nbgrader collect`` would put them."""
+        folder = course / "submitted" / student / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, nb in notebooks.items():
+            nbformat.write(nb, folder / f"{name}.ipynb")
+
+    def grade_batch(
+        self, course: Path, students: Iterable[str], workers: int = 2, feedback: bool = False
+    ):
+        """Autograde (or regrade) the students' submissions with the course's pipeline.
+
+        :func:`chainrule.grading.run_batch` grades each student in a time- and memory-limited
+        child process, ``workers`` at a time, and returns a :class:`chainrule.grading.BatchResult`:
+        one outcome per student with a status per notebook ("graded", or "failed: <reason>"
+        when nbgrader could not grade it), the exports and, with ``feedback``, the feedback pages.
+        """
+        from chainrule.grading import BatchOptions, run_batch
+
+        options = BatchOptions(
+            assignment=self.name,
+            course_root=course,
+            workers=workers,
+            students=list(students),
+            feedback=feedback,
+            out_dir=course / "grades" / self.name,
         )
-        for name, v in module.VARIANTS.items()
-    }
+        return run_batch(options, stream=io.StringIO())
+
+    def autograde(self, course: Path, students: Iterable[str], workers: int = 2) -> list:
+        """The outcomes of :meth:`grade_batch` without feedback."""
+        return self.grade_batch(course, students, workers).outcomes
+
+    def cell_scores(self, course: Path, student: str, notebook: str) -> dict[str, CellScore]:
+        """The graded cells of a student's notebook with their scores and grading errors."""
+        from nbgrader.api import Gradebook
+
+        errors = self.cell_errors(course, student, notebook)
+        url = f"sqlite:///{course / 'gradebook.db'}"
+        with Gradebook(url, COURSE_ID) as gradebook:
+            submission = gradebook.find_submission_notebook(notebook, self.name, student)
+            return {
+                g.name: CellScore(
+                    grade_id=g.name,
+                    score=g.score,
+                    max_score=g.max_score,
+                    autograded=g.cell_type == "code",
+                    error=errors.get(g.name),
+                )
+                for g in submission.grades
+            }
+
+    def cell_errors(self, course: Path, student: str, notebook: str) -> dict[str, str]:
+        """The error each cell of the autograded notebook raised: 'Name: message', by grade id."""
+        path = course / "autograded" / student / self.name / f"{notebook}.ipynb"
+        nb = json.loads(path.read_text())
+        errors = {}
+        for cell in nb["cells"]:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    cell_id = grade_id(nbformat.from_dict(cell))
+                    errors[cell_id] = f"{output['ename']}: {output['evalue']}"
+        return errors
 
 
-def instructor_answers(notebook: str) -> dict[str, str]:
-    """The instructor's text of every written (manually graded) answer cell, by grade id."""
-    nb = read_notebook(SOURCE_DIR / f"{notebook}.ipynb")
-    return {grade_id(c): c.source for c in nb.cells if is_written_answer(c)}
-
-
-def build_submission(
-    notebook: str,
-    replacements: Mapping[str, str] | None = None,
-    instructor: bool = True,
-    written: bool = False,
-) -> nbformat.NotebookNode:
-    """The release notebook with its solution cells filled in.
-
-    Cells named in ``replacements`` get that code; the others get the instructor's solution
-    (``instructor=True``) or keep the release's stub. A replacement for a cell that is not a
-    code solution cell of the notebook is an error. With ``written=True`` the written answers
-    get the instructor's text too (otherwise they keep "YOUR ANSWER HERE").
-    """
-    nb = read_notebook(RELEASE_DIR / f"{notebook}.ipynb")
-    replacements = dict(replacements or {})
-    solutions = instructor_solutions(notebook) if instructor else {}
-    answers = instructor_answers(notebook) if written else {}
-    solution_ids = {grade_id(c) for c in nb.cells if is_code_solution(c)}
-    unknown = set(replacements) - solution_ids
-    if unknown:
-        raise ValueError(f"{notebook}: no solution cells {sorted(unknown)}; has {solution_ids}")
-    for cell in nb.cells:
-        cell_id = grade_id(cell)
-        if is_code_solution(cell):
-            code = replacements.get(cell_id, solutions.get(cell_id, cell.source))
-            cell.source = code.strip("\n")
-        elif is_written_answer(cell) and cell_id in answers:
-            cell.source = answers[cell_id]
-    return nb
+CHECK_YOURSELF = Assignment("check_yourself")
+SHARDED = Assignment("sharded")
+ASSIGNMENTS = (CHECK_YOURSELF, SHARDED)
+"""Every assignment of the course, in the order of the lessons they follow."""
 
 
 # -- a temporary course --------------------------------------------------------------------------
@@ -185,53 +286,6 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
             f"nbgrader {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-6000:]}"
         )
     return result
-
-
-def make_course(root: Path) -> Path:
-    """A copy of the course under ``root`` (config and this assignment's source) whose gradebook
-    knows the assignment (``generate_assignment`` has run there)."""
-    course = root / "course"
-    (course / "source").mkdir(parents=True)
-    shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
-    shutil.copytree(SOURCE_DIR, course / "source" / ASSIGNMENT)
-    nbgrader(course, "generate_assignment", ASSIGNMENT, "--force")
-    return course
-
-
-def write_submission(
-    course: Path, student: str, notebooks: Mapping[str, nbformat.NotebookNode]
-) -> None:
-    """Place a student's notebooks where ``nbgrader collect`` would: submitted/<student>/..."""
-    folder = course / "submitted" / student / ASSIGNMENT
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, nb in notebooks.items():
-        nbformat.write(nb, folder / f"{name}.ipynb")
-
-
-def grade_batch(course: Path, students: Iterable[str], workers: int = 2, feedback: bool = False):
-    """Autograde (or regrade) the students' submissions with the course's grading pipeline.
-
-    :func:`chainrule.grading.run_batch` grades each student in a time- and memory-limited
-    child process, ``workers`` at a time, and returns a :class:`chainrule.grading.BatchResult`:
-    one outcome per student with a status per notebook ("graded", or "failed: <reason>" when
-    nbgrader could not grade it), the exports and, with ``feedback``, the feedback pages.
-    """
-    from chainrule.grading import BatchOptions, run_batch
-
-    options = BatchOptions(
-        assignment=ASSIGNMENT,
-        course_root=course,
-        workers=workers,
-        students=list(students),
-        feedback=feedback,
-        out_dir=course / "grades" / ASSIGNMENT,
-    )
-    return run_batch(options, stream=io.StringIO())
-
-
-def autograde(course: Path, students: Iterable[str], workers: int = 2) -> list:
-    """The outcomes of :func:`grade_batch` without feedback."""
-    return grade_batch(course, students, workers).outcomes
 
 
 def _validate_one(course_root: str, path: str) -> tuple[str, int, str]:
@@ -267,36 +321,3 @@ class CellScore:
     max_score: float
     autograded: bool
     error: str | None  # the error the cell raised while grading, if any
-
-
-def cell_scores(course: Path, student: str, notebook: str) -> dict[str, CellScore]:
-    """The graded cells of a student's notebook with their scores and grading errors."""
-    from nbgrader.api import Gradebook
-
-    errors = cell_errors(course, student, notebook)
-    url = f"sqlite:///{course / 'gradebook.db'}"
-    with Gradebook(url, COURSE_ID) as gradebook:
-        submission = gradebook.find_submission_notebook(notebook, ASSIGNMENT, student)
-        return {
-            g.name: CellScore(
-                grade_id=g.name,
-                score=g.score,
-                max_score=g.max_score,
-                autograded=g.cell_type == "code",
-                error=errors.get(g.name),
-            )
-            for g in submission.grades
-        }
-
-
-def cell_errors(course: Path, student: str, notebook: str) -> dict[str, str]:
-    """The error each cell of the autograded notebook raised: 'Name: message', by grade id."""
-    path = course / "autograded" / student / ASSIGNMENT / f"{notebook}.ipynb"
-    nb = json.loads(path.read_text())
-    errors = {}
-    for cell in nb["cells"]:
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                cell_id = grade_id(nbformat.from_dict(cell))
-                errors[cell_id] = f"{output['ename']}: {output['evalue']}"
-    return errors

@@ -1,87 +1,102 @@
-"""Grading outcomes of the check_yourself assignment, autograded in a temporary course copy.
+"""Grading outcomes of every assignment (check_yourself, sharded), autograded in a temporary copy
+of the course, one batch per assignment.
 
-Students, each a full submission of the five notebooks built from the release:
+Students, each a submission built from the assignment's release:
 
 - ``instructor``: the instructor's solutions, must get every autograded point;
 - ``blank``: the release as handed out, must get none, every test cell failing;
 - ``right_1`` …: each notebook's alternative correct solutions (written differently), full
   marks;
-- ``wrong_1`` … ``wrong_k``: the i-th wrong fixture of every notebook (the instructor's
-  solution where a notebook has fewer), each losing points exactly on the test cells its
-  fixture names.
+- ``wrong_1`` … ``wrong_k``: the i-th wrong fixture of every notebook, each losing points exactly
+  on the test cells its fixture names. A student submits only the notebooks it has a variant of.
 
-All of them are graded in one batch with the course's pipeline (:func:`chainrule.grading.run_batch`,
-two workers, feedback and exports included); ``wrong_1`` is graded a second time to check that
-regrading gives the same scores. Every variant is also validated as a student would (the
-visible tests only): right ones pass, and every wrong one fails, except the few special-cased
-ones that only the hidden tests can catch, each listed with the reason.
+Each assignment's students are graded in one batch with the course's pipeline
+(:func:`chainrule.grading.run_batch`, two workers, feedback and exports included); ``wrong_1`` is
+graded a second time to check that regrading gives the same scores. Every variant is also
+validated as a student would (the visible tests only): right ones pass, and every wrong one
+fails, except the few special-cased ones that only the hidden tests can catch, each listed with
+the reason.
 """
 
 from __future__ import annotations
 
 import csv
 import html
-import io
 import re
 import shutil
 
 import nbformat
 import pytest
-from assignment_fixtures import (
-    ASSIGNMENT,
-    NOTEBOOKS,
-    RELEASE_DIR,
-    REPO,
-    SOURCE_DIR,
-    autograde,
-    build_submission,
-    cell_scores,
-    grade_batch,
-    graded_test_ids,
-    load_variants,
-    make_course,
-    validate_many,
-    write_submission,
-)
-from chainrule.grading import validate_notebook
+from assignment_fixtures import ASSIGNMENTS, REPO, validate_many
 from chainrule.grading.config import load_config
 from chainrule.grading.hidden import split_hidden_tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
-VARIANTS = {name: load_variants(name) for name in NOTEBOOKS}
-WRONG = {name: [v for v in VARIANTS[name].values() if not v.is_right] for name in NOTEBOOKS}
-RIGHT = {name: [v for v in VARIANTS[name].values() if v.is_right] for name in NOTEBOOKS}
-WRONG_STUDENTS = [f"wrong_{i + 1}" for i in range(max(len(w) for w in WRONG.values()))]
-RIGHT_STUDENTS = [f"right_{i + 1}" for i in range(max(len(r) for r in RIGHT.values()))]
+BY_NAME = {a.name: a for a in ASSIGNMENTS}
+VARIANTS = {(a.name, nb): a.load_variants(nb) for a in ASSIGNMENTS for nb in a.notebooks}
+WRONG = {
+    key: [v for v in variants.values() if not v.is_right] for key, variants in VARIANTS.items()
+}
+RIGHT = {key: [v for v in variants.values() if v.is_right] for key, variants in VARIANTS.items()}
+NOTEBOOKS = [(a.name, nb) for a in ASSIGNMENTS for nb in a.notebooks]
+
+
+def _students(assignment, group, prefix):
+    most = max(len(group[(assignment.name, nb)]) for nb in assignment.notebooks)
+    return [f"{prefix}_{i + 1}" for i in range(most)]
+
+
+WRONG_STUDENTS = {a.name: _students(a, WRONG, "wrong") for a in ASSIGNMENTS}
+RIGHT_STUDENTS = {a.name: _students(a, RIGHT, "right") for a in ASSIGNMENTS}
+
+
+def _ids(key):
+    return f"{key[0]}-{key[1]}"
+
+
+def _variant_id(variant):
+    return f"{variant.assignment}-{variant.notebook}-{variant.name}"
 
 
 def test_every_exercise_has_enough_wrong_and_right_solutions():
-    for name in NOTEBOOKS:
-        assert len(WRONG[name]) >= 6 and len(RIGHT[name]) >= 1, name
+    for key in NOTEBOOKS:
+        assert len(WRONG[key]) >= 6 and len(RIGHT[key]) >= 1, key
 
 
 def _student_of(variant):
-    group, students = (WRONG, WRONG_STUDENTS) if not variant.is_right else (RIGHT, RIGHT_STUDENTS)
-    return students[group[variant.notebook].index(variant)]
+    key = (variant.assignment, variant.notebook)
+    if variant.is_right:
+        return RIGHT_STUDENTS[variant.assignment][RIGHT[key].index(variant)]
+    return WRONG_STUDENTS[variant.assignment][WRONG[key].index(variant)]
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The course copy with every student's submission autograded once, and the outcomes."""
-    course = make_course(tmp_path_factory.mktemp("check_yourself"))
-    write_submission(course, "instructor", {n: build_submission(n) for n in NOTEBOOKS})
-    write_submission(course, "blank", {n: build_submission(n, instructor=False) for n in NOTEBOOKS})
-    for group, students in ((WRONG, WRONG_STUDENTS), (RIGHT, RIGHT_STUDENTS)):
+def _grade(assignment, tmp_path_factory):
+    """The course copy with every student's submission of ``assignment`` autograded once."""
+    course = assignment.make_course(tmp_path_factory.mktemp(assignment.name))
+    notebooks = assignment.notebooks
+    build = assignment.build_submission
+    assignment.write_submission(course, "instructor", {n: build(n) for n in notebooks})
+    blank = {n: build(n, instructor=False) for n in notebooks}
+    assignment.write_submission(course, "blank", blank)
+    for group, students in (
+        (WRONG, WRONG_STUDENTS[assignment.name]),
+        (RIGHT, RIGHT_STUDENTS[assignment.name]),
+    ):
         for i, student in enumerate(students):
-            notebooks = {  # only the notebooks this student has a variant of
-                name: build_submission(name, group[name][i].cells)
-                for name in NOTEBOOKS
-                if i < len(group[name])
+            submitted = {  # only the notebooks this student has a variant of
+                name: build(name, group[(assignment.name, name)][i].cells)
+                for name in notebooks
+                if i < len(group[(assignment.name, name)])
             }
-            write_submission(course, student, notebooks)
-    students = ["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS]
-    result = grade_batch(course, students, feedback=True)
+            assignment.write_submission(course, student, submitted)
+    students = [
+        "instructor",
+        "blank",
+        *RIGHT_STUDENTS[assignment.name],
+        *WRONG_STUDENTS[assignment.name],
+    ]
+    result = assignment.grade_batch(course, students, feedback=True)
     with result.summary_csv.open() as handle:  # read now: a regrade rewrites the exports
         exports = {
             "nbgrader": result.export_csv.read_text(),
@@ -91,22 +106,39 @@ def graded(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def course(graded):
-    return graded[0]
+def graded_courses(tmp_path_factory):
+    """Each assignment graded on first use: ``graded_courses(name)`` is (course, outcomes,
+    exports)."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = _grade(BY_NAME[name], tmp_path_factory)
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=[a.name for a in ASSIGNMENTS])
+def graded(request, graded_courses):
+    return BY_NAME[request.param], *graded_courses(request.param)
 
 
 def test_every_notebook_of_every_submission_is_graded(graded):
-    _, outcomes, _ = graded
-    assert sorted(outcomes) == sorted(["instructor", "blank", *RIGHT_STUDENTS, *WRONG_STUDENTS])
+    assignment, _, outcomes, _ = graded
+    name = assignment.name
+    expected = ["instructor", "blank", *RIGHT_STUDENTS[name], *WRONG_STUDENTS[name]]
+    assert sorted(outcomes) == sorted(expected)
     for outcome in outcomes.values():
         statuses = {nb.name: nb.status for nb in outcome.notebooks if nb.submitted}
         assert set(statuses.values()) == {"graded"}, outcome.student
         if outcome.student in ("instructor", "blank"):
-            assert sorted(statuses) == sorted(NOTEBOOKS)
+            assert sorted(statuses) == sorted(assignment.notebooks)
 
 
-def _autograded(course, student, notebook):
-    return {k: v for k, v in cell_scores(course, student, notebook).items() if v.autograded}
+def _autograded(assignment, course, student, notebook):
+    scores = assignment.cell_scores(course, student, notebook)
+    return {k: v for k, v in scores.items() if v.autograded}
 
 
 def _report(cells):
@@ -116,30 +148,32 @@ def _report(cells):
     )
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_instructor_solution_gets_every_autograded_point(course, notebook):
-    cells = _autograded(course, "instructor", notebook)
-    assert sorted(cells) == sorted(graded_test_ids(notebook))
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_instructor_solution_gets_every_autograded_point(graded_courses, key):
+    assignment, notebook = BY_NAME[key[0]], key[1]
+    course = graded_courses(assignment.name)[0]
+    cells = _autograded(assignment, course, "instructor", notebook)
+    assert sorted(cells) == sorted(assignment.graded_test_ids(notebook))
     assert all(c.score == c.max_score for c in cells.values()), _report(cells)
     assert all(c.error is None for c in cells.values()), _report(cells)
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_blank_release_gets_nothing_and_every_test_cell_fails(course, notebook):
-    scores = cell_scores(course, "blank", notebook)
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_blank_release_gets_nothing_and_every_test_cell_fails(graded_courses, key):
+    assignment, notebook = BY_NAME[key[0]], key[1]
+    course = graded_courses(assignment.name)[0]
+    scores = assignment.cell_scores(course, "blank", notebook)
     assert all(c.score == 0 for c in scores.values()), _report(scores)
     for cell in scores.values():
         if cell.autograded:
             assert cell.error is not None, f"{cell.grade_id} passes on the blank notebook"
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [v for name in NOTEBOOKS for v in WRONG[name]],
-    ids=lambda v: f"{v.notebook}-{v.name}",
-)
-def test_wrong_solution_loses_points_exactly_where_expected(course, variant):
-    cells = _autograded(course, _student_of(variant), variant.notebook)
+@pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in WRONG[key]], ids=_variant_id)
+def test_wrong_solution_loses_points_exactly_where_expected(graded_courses, variant):
+    assignment = BY_NAME[variant.assignment]
+    course = graded_courses(assignment.name)[0]
+    cells = _autograded(assignment, course, _student_of(variant), variant.notebook)
     losing = {c.grade_id for c in cells.values() if c.score < c.max_score}
     assert losing == set(variant.loses), _report(cells)
     for cell_id in losing:
@@ -148,51 +182,50 @@ def test_wrong_solution_loses_points_exactly_where_expected(course, variant):
         assert any(variant.message in cells[c].error for c in losing), _report(cells)
 
 
-@pytest.mark.parametrize(
-    "variant",
-    [v for name in NOTEBOOKS for v in RIGHT[name]],
-    ids=lambda v: f"{v.notebook}-{v.name}",
-)
-def test_alternative_correct_solution_gets_every_autograded_point(course, variant):
-    cells = _autograded(course, _student_of(variant), variant.notebook)
+@pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in RIGHT[key]], ids=_variant_id)
+def test_alternative_correct_solution_gets_every_autograded_point(graded_courses, variant):
+    assignment = BY_NAME[variant.assignment]
+    course = graded_courses(assignment.name)[0]
+    cells = _autograded(assignment, course, _student_of(variant), variant.notebook)
     assert all(c.score == c.max_score for c in cells.values()), _report(cells)
-
-
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_instructor_solution_passes_validate(tmp_path, notebook):
-    """What a student with the instructor's answers sees on pressing Validate: success, so no
-    visible test depends on code that only the hidden tests define."""
-    shutil.copy2(REPO / "nbgrader_config.py", tmp_path / "nbgrader_config.py")
-    path = tmp_path / f"{notebook}.ipynb"
-    nbformat.write(build_submission(notebook, written=True), path)
-    report = io.StringIO()
-    assert validate_notebook(path, course_root=tmp_path, stream=report) == 0, report.getvalue()
 
 
 @pytest.fixture(scope="module")
 def validated(tmp_path_factory):
-    """Validate (the visible tests only, in the student's kernel) on every variant."""
+    """Validate (the visible tests only, in the student's kernel) on every variant of every
+    assignment, and on the instructor's solutions with the written answers filled in."""
     folder = tmp_path_factory.mktemp("validate")
     shutil.copy2(REPO / "nbgrader_config.py", folder / "nbgrader_config.py")
     paths = {}
-    for name in NOTEBOOKS:
-        for variant in VARIANTS[name].values():
-            path = folder / f"{name}__{variant.name}.ipynb"
-            nbformat.write(build_submission(name, variant.cells, written=True), path)
-            paths[(name, variant.name)] = path
+    for assignment in ASSIGNMENTS:
+        for name in assignment.notebooks:
+            variants = {
+                "instructor": {},
+                **{v.name: v.cells for v in VARIANTS[(assignment.name, name)].values()},
+            }
+            for variant, cells in variants.items():
+                path = folder / f"{assignment.name}__{name}__{variant}.ipynb"
+                nbformat.write(assignment.build_submission(name, cells, written=True), path)
+                paths[(assignment.name, name, variant)] = path
     results = validate_many(folder, paths.values())
     return {key: results[path] for key, path in paths.items()}
 
 
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_instructor_solution_passes_validate(validated, key):
+    """What a student with the instructor's answers sees on pressing Validate: success, so no
+    visible test depends on code that only the hidden tests define."""
+    code, report = validated[(*key, "instructor")]
+    assert code == 0, report[-3000:]
+
+
 @pytest.mark.parametrize(
-    "variant",
-    [v for name in NOTEBOOKS for v in VARIANTS[name].values()],
-    ids=lambda v: f"{v.notebook}-{v.name}",
+    "variant", [v for key in NOTEBOOKS for v in VARIANTS[key].values()], ids=_variant_id
 )
 def test_validate_says_what_grading_will(validated, variant):
     """Right solutions pass Validate; every wrong one fails it, unless only a hard-coded or
     special-cased solution gets past the visible tests (``hidden_only`` says why)."""
-    code, report = validated[(variant.notebook, variant.name)]
+    code, report = validated[(variant.assignment, variant.notebook, variant.name)]
     if variant.is_right or variant.hidden_only:
         assert code == 0, report[-3000:]
     else:
@@ -203,43 +236,45 @@ def test_validate_says_what_grading_will(validated, variant):
 def test_the_wrong_solutions_only_the_hidden_tests_catch(validated):
     """Per exercise, which wrong solutions pass Validate and why: special-cased ones only."""
     listing = {
-        name: {v.name: v.hidden_only for v in WRONG[name] if v.hidden_only} for name in NOTEBOOKS
+        key: {v.name: v.hidden_only for v in WRONG[key] if v.hidden_only} for key in NOTEBOOKS
     }
     passing = {
-        name: {v.name for v in WRONG[name] if validated[(name, v.name)][0] == 0}
-        for name in NOTEBOOKS
+        key: {v.name for v in WRONG[key] if validated[(*key, v.name)][0] == 0} for key in NOTEBOOKS
     }
-    assert {name: set(v) for name, v in listing.items()} == passing, listing
-    for name, reasons in listing.items():
-        assert len(reasons) <= len(WRONG[name]) // 3, (
-            name,
-            reasons,
-        )  # the visible tests do the work
+    assert {key: set(v) for key, v in listing.items()} == passing, listing
+    for key, reasons in listing.items():
+        assert len(reasons) <= len(WRONG[key]) // 3, (key, reasons)  # the visible tests do the work
         for variant, why in reasons.items():
-            assert len(why) > 40, (name, variant)  # a reason a reader can check
+            assert len(why) > 40, (key, variant)  # a reason a reader can check
 
 
-def test_plain_nbgrader_autograde_still_grades_in_the_kernel(tmp_path):
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=str)
+def test_plain_nbgrader_autograde_still_grades_in_the_kernel(tmp_path, assignment):
     """Without the course's grader the test cells run in the student's kernel, as nbgrader
     always does (unprotected, see the README): the instructor's solution still gets every
     point, hidden tests included."""
     from nbgrader.apps import NbGraderAPI
 
-    course = make_course(tmp_path)
-    write_submission(course, "plain", {"ex1_equal_shards": build_submission("ex1_equal_shards")})
+    notebook = assignment.notebooks[0]
+    course = assignment.make_course(tmp_path)
+    assignment.write_submission(course, "plain", {notebook: assignment.build_submission(notebook)})
     api = NbGraderAPI(config=load_config(course))
-    result = api.autograde(ASSIGNMENT, "plain")
+    result = api.autograde(assignment.name, "plain")
     assert result["success"], result.get("error", "")[-3000:]
-    cells = _autograded(course, "plain", "ex1_equal_shards")
+    cells = _autograded(assignment, course, "plain", notebook)
     assert cells and all(c.score == c.max_score for c in cells.values()), _report(cells)
 
 
-def test_regrading_gives_the_same_scores(course):
-    student = WRONG_STUDENTS[0]
-    before = {n: cell_scores(course, student, n) for n in NOTEBOOKS}
-    (outcome,) = autograde(course, [student])
-    assert [nb.status for nb in outcome.notebooks] == ["graded"] * len(NOTEBOOKS)
-    after = {n: cell_scores(course, student, n) for n in NOTEBOOKS}
+def test_regrading_gives_the_same_scores(graded):
+    assignment, course, _, _ = graded
+    student = WRONG_STUDENTS[assignment.name][0]
+    submitted = sorted(
+        p.stem for p in (course / "submitted" / student / assignment.name).glob("*.ipynb")
+    )
+    before = {n: assignment.cell_scores(course, student, n) for n in submitted}
+    (outcome,) = assignment.autograde(course, [student])
+    assert [nb.status for nb in outcome.notebooks if nb.submitted] == ["graded"] * len(submitted)
+    after = {n: assignment.cell_scores(course, student, n) for n in submitted}
     assert {n: {k: c.score for k, c in v.items()} for n, v in after.items()} == {
         n: {k: c.score for k, c in v.items()} for n, v in before.items()
     }
@@ -254,11 +289,13 @@ def _text(path):
     return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
 
 
-def hidden_lines() -> set[str]:
+def hidden_lines(assignment) -> set[str]:
     """Lines of the hidden tests that appear nowhere else: not in the release, not in the
     instructor's solutions (which the ``instructor`` student submits)."""
-    sources = [nbformat.read(SOURCE_DIR / f"{name}.ipynb", 4) for name in NOTEBOOKS]
-    releases = [nbformat.read(RELEASE_DIR / f"{name}.ipynb", 4) for name in NOTEBOOKS]
+    sources = [nbformat.read(assignment.source_dir / f"{n}.ipynb", 4) for n in assignment.notebooks]
+    releases = [
+        nbformat.read(assignment.release_dir / f"{n}.ipynb", 4) for n in assignment.notebooks
+    ]
     visible = "\n".join(cell.source for nb in releases for cell in nb.cells)
     visible += "\n".join(split_hidden_tests(c.source).visible for nb in sources for c in nb.cells)
     lines = set()
@@ -272,22 +309,22 @@ def hidden_lines() -> set[str]:
 
 
 def test_feedback_shows_no_hidden_test_source(graded):
-    course, outcomes, _ = graded
-    hidden = hidden_lines()
+    assignment, course, outcomes, _ = graded
+    hidden = hidden_lines(assignment)
     assert hidden  # the assignment has hidden tests
     autograded = "\n".join(
-        _text(p) for p in (course / "autograded" / "instructor" / ASSIGNMENT).glob("*.ipynb")
+        _text(p) for p in (course / "autograded" / "instructor" / assignment.name).glob("*.ipynb")
     )
     assert any(line in autograded for line in hidden)  # nbgrader itself would show them
     for student in outcomes:
-        pages = sorted((course / "feedback" / student / ASSIGNMENT).glob("*.html"))
+        pages = sorted((course / "feedback" / student / assignment.name).glob("*.html"))
         handed_in = sorted(
-            p.stem for p in (course / "submitted" / student / ASSIGNMENT).glob("*.ipynb")
+            p.stem for p in (course / "submitted" / student / assignment.name).glob("*.ipynb")
         )
         assert [p.stem for p in pages] == handed_in, student
         submitted = "\n".join(
             cell.source
-            for path in (course / "submitted" / student / ASSIGNMENT).glob("*.ipynb")
+            for path in (course / "submitted" / student / assignment.name).glob("*.ipynb")
             for cell in nbformat.read(path, 4).cells
         )
         for page in pages:
@@ -297,11 +334,12 @@ def test_feedback_shows_no_hidden_test_source(graded):
 
 
 def test_grades_and_statuses_are_exported_to_csv(graded):
-    _, outcomes, exports = graded
+    assignment, _, outcomes, exports = graded
     export = exports["nbgrader"].splitlines()
     assert export[0].startswith("assignment,duedate,timestamp,student_id")
     assert {line.split(",")[3] for line in export[1:]} == set(outcomes)
     rows = exports["summary"]
-    assert len(rows) == len(outcomes) * len(NOTEBOOKS)
-    assert {row["status"] for row in rows} == {"graded", "not submitted"}
+    assert len(rows) == len(outcomes) * len(assignment.notebooks)
+    statuses = {row["status"] for row in rows}
+    assert "graded" in statuses and statuses <= {"graded", "not submitted"}
     assert {row["score"] for row in rows if row["student"] == "blank"} == {"0"}

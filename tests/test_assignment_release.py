@@ -1,8 +1,9 @@
-"""The check_yourself assignment: its release is generated from its source, and both are sound.
+"""Every assignment (check_yourself, sharded): its release is generated from its source, and
+both are sound.
 
-The release must be exactly what ``nbgrader generate_assignment check_yourself --force`` makes
-of ``source/`` now; the notebooks must carry proper nbgrader metadata; no solution, hidden
-test or rubric may reach the students; every test cell must call the student's code.
+The release must be exactly what ``nbgrader generate_assignment <assignment> --force`` makes of
+``source/`` now; the notebooks must carry proper nbgrader metadata; no solution, hidden test or
+rubric may reach the students; every test cell must call the student's code.
 """
 
 from __future__ import annotations
@@ -13,52 +14,61 @@ import re
 
 import pytest
 from assignment_fixtures import (
-    ASSIGNMENT,
-    NOTEBOOKS,
-    RELEASE_DIR,
-    SOURCE_DIR,
+    ASSIGNMENTS,
     grade_id,
     is_code_solution,
     is_test,
     is_written_answer,
-    load_variants,
-    make_course,
     read_notebook,
 )
 
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
+NOTEBOOKS = [(a, name) for a in ASSIGNMENTS for name in a.notebooks]
+def _ids(value):
+    return f"{value[0]}-{value[1]}" if isinstance(value, tuple) else str(value)
 
 
 def files(folder):
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
-def test_the_assignment_has_one_notebook_per_check_yourself_item():
-    assert files(SOURCE_DIR) == [f"{name}.ipynb" for name in NOTEBOOKS]
+def test_check_yourself_has_one_notebook_per_check_yourself_item():
+    check_yourself = ASSIGNMENTS[0]
+    assert check_yourself.name == "check_yourself" and len(check_yourself.notebooks) == 5
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=str)
+def test_the_assignment_holds_only_its_notebooks(assignment):
+    assert files(assignment.source_dir) == [f"{name}.ipynb" for name in assignment.notebooks]
+    assert assignment.notebooks and all(n.startswith("ex") for n in assignment.notebooks)
 
 
 @pytest.mark.slow
-def test_release_equals_a_fresh_generate_assignment(tmp_path):
-    course = make_course(tmp_path)
-    fresh = course / "release" / ASSIGNMENT
-    assert files(RELEASE_DIR) == files(fresh), "run `make release ASSIGNMENT=check_yourself`"
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=str)
+def test_release_equals_a_fresh_generate_assignment(tmp_path, assignment):
+    course = assignment.make_course(tmp_path)
+    fresh = course / "release" / assignment.name
+    hint = f"run `make release ASSIGNMENT={assignment.name}`"
+    assert files(assignment.release_dir) == files(fresh), hint
     for name in files(fresh):
-        committed = json.loads((RELEASE_DIR / name).read_text())
+        committed = json.loads((assignment.release_dir / name).read_text())
         generated = json.loads((fresh / name).read_text())
-        assert committed == generated, f"release/{ASSIGNMENT}/{name} is stale: run make release"
+        assert committed == generated, f"release/{assignment.name}/{name} is stale: {hint}"
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebooks_are_stored_without_outputs(name):
-    for folder in (SOURCE_DIR, RELEASE_DIR):
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_notebooks_are_stored_without_outputs(key):
+    assignment, name = key
+    for folder in (assignment.source_dir, assignment.release_dir):
         for cell in read_notebook(folder / f"{name}.ipynb").cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, grade_id(cell)
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_cells_carry_nbgrader_metadata(name):
-    nb = read_notebook(SOURCE_DIR / f"{name}.ipynb")
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_cells_carry_nbgrader_metadata(key):
+    assignment, name = key
+    nb = read_notebook(assignment.source_dir / f"{name}.ipynb")
     ids = [grade_id(c) for c in nb.cells]
     assert None not in ids and len(ids) == len(set(ids))
     for cell in nb.cells:
@@ -74,15 +84,16 @@ def test_cells_carry_nbgrader_metadata(name):
         assert HIDDEN.search(cell.source), f"{grade_id(cell)} has no hidden tests"
         assert "default_rng(" in HIDDEN.search(cell.source).group(1) or "seed=" in cell.source
     written = [c for c in nb.cells if is_written_answer(c)]
-    assert len(written) == 1  # every item has a written part, graded by its rubric
+    assert len(written) == 1, "every exercise has one written part, graded by hand"
     for cell in written:
         assert "**Rubric (" in cell.source, "the instructor version keeps a rubric"
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_release_keeps_solutions_hidden_tests_and_rubrics_from_students(name):
-    source = read_notebook(SOURCE_DIR / f"{name}.ipynb")
-    release = read_notebook(RELEASE_DIR / f"{name}.ipynb")
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_release_keeps_solutions_hidden_tests_and_rubrics_from_students(key):
+    assignment, name = key
+    source = read_notebook(assignment.source_dir / f"{name}.ipynb")
+    release = read_notebook(assignment.release_dir / f"{name}.ipynb")
     assert [grade_id(c) for c in release.cells] == [grade_id(c) for c in source.cells]
     text = "\n".join(c.source for c in release.cells)
     for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", "Rubric", *_hidden_lines(source)):
@@ -120,12 +131,13 @@ def _used_names(node):
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_every_visible_test_uses_the_students_code(name):
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_every_visible_test_uses_the_students_code(key):
     """Static half of 'no test passes on the blank notebook' (the grading tests run it):
     every test cell's visible code reaches a name the student defines, directly or through
     a helper function of a locked cell."""
-    source = read_notebook(SOURCE_DIR / f"{name}.ipynb")
+    assignment, name = key
+    source = read_notebook(assignment.source_dir / f"{name}.ipynb")
     student_names = _defined_names(c.source for c in source.cells if is_code_solution(c))
     helper_uses = {}
     for cell in source.cells:
@@ -133,7 +145,7 @@ def test_every_visible_test_uses_the_students_code(name):
             for node in ast.parse(HIDDEN.sub("", cell.source)).body:
                 if isinstance(node, ast.FunctionDef):
                     helper_uses[node.name] = _used_names(node)
-    release = read_notebook(RELEASE_DIR / f"{name}.ipynb")
+    release = read_notebook(assignment.release_dir / f"{name}.ipynb")
     for cell in release.cells:
         if not is_test(cell):
             continue
@@ -146,12 +158,13 @@ def test_every_visible_test_uses_the_students_code(name):
         assert reached & student_names, f"{grade_id(cell)} never calls the student's code"
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_fixtures_cover_every_exercise(name):
-    source = read_notebook(SOURCE_DIR / f"{name}.ipynb")
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_fixtures_cover_every_exercise(key):
+    assignment, name = key
+    source = read_notebook(assignment.source_dir / f"{name}.ipynb")
     solutions = {grade_id(c) for c in source.cells if is_code_solution(c)}
     tests = {grade_id(c) for c in source.cells if is_test(c)}
-    variants = load_variants(name)
+    variants = assignment.load_variants(name)
     assert sum(not v.is_right for v in variants.values()) >= 3
     assert sum(v.is_right for v in variants.values()) >= 1
     for variant in variants.values():

@@ -21,6 +21,7 @@ from benchmarks import (
     goals,
     grading,
     harness,
+    redistribute,
     report,
     sim_collectives,
     startup,
@@ -142,6 +143,20 @@ def test_gloo_rows():
     assert all(row["extra"]["best_ratio"] > 0 for row in rows)
     assert gloo_collectives.bus_factor("all_reduce", 2) == 1.0
     assert gloo_collectives.bus_factor("all_gather", 4) == 0.75
+
+
+@pytest.mark.slow
+def test_redistribute_rows():
+    rows = redistribute.collect([1024], repeat=1)
+    check_rows(
+        rows,
+        [
+            "redistribute.shard0_to_replicate.1KB",
+            "redistribute.partial_to_replicate.1KB",
+            "redistribute.partial_to_shard0.1KB",
+        ],
+    )
+    assert all(row["extra"]["agree"] is True and row["baseline"] for row in rows)
 
 
 @pytest.mark.slow

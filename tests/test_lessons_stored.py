@@ -14,7 +14,13 @@ from notebook_runner import COURSE, REPO, lesson_notebooks, markdown_text
 
 NOTEBOOKS = lesson_notebooks()
 LESSONS = NOTEBOOKS[1:]
-EXERCISES = sorted(p.name for p in (REPO / "release" / "check_yourself").glob("ex*.ipynb"))
+ASSIGNMENTS = ("check_yourself", "sharded")
+EXERCISES = sorted(
+    f"{assignment}/{p.name}"
+    for assignment in ASSIGNMENTS
+    for p in (REPO / "release" / assignment).glob("ex*.ipynb")
+)
+EXERCISE_LINK = r"\(\.\./release/((?:check_yourself|sharded)/[^)]+)\)"
 
 # Numbers the syllabus derives (its worked example, the 900/300 weights, float16's largest
 # value, the crossover of lesson 1): the lessons show them as outputs of code, never in prose.
@@ -34,6 +40,12 @@ ANSWERS = {
     "ex4: the all-gather row's code or derivation": r"gather_from_ranks|gather_replicated|"
     r"all_gather_replicated|S_q\\Big\(\\sum_p \\bar y_p",
     "ex5: torch autograd Functions of f and f̄": r"autograd\.Function|duality_torch",
+    "sharded ex1: the placement of B and the bytes of its passes": r"B_PLACEMENT|bytes_per_rank|"
+    r"vocabulary[- ]parallel",
+    "sharded ex2: the sum over ranks of the shared key and value": r"multi-query|shared key|"
+    r"copy_to_ranks\(x @ w[kv]",
+    "sharded ex3: the collectives written by hand, the norm weight's gradient": r"gather_sequence|"
+    r"scatter_sequence|sp_region|norm weight|\\bar\\gamma",
 }
 
 
@@ -47,7 +59,7 @@ def test_the_start_page_lists_every_lesson_in_order_and_every_exercise():
     text = markdown_text(NOTEBOOKS[0])
     rows = re.findall(r"^\| (\d+) \| \[[^\]]+\]\((\d\d_[a-z0-9_]+\.ipynb)\)", text, re.M)
     assert [(int(n), name) for n, name in rows] == [(int(p.name[:2]), p.name) for p in LESSONS]
-    exercise_links = re.findall(r"\(\.\./release/check_yourself/([^)]+)\)", text)
+    exercise_links = re.findall(EXERCISE_LINK, text)
     assert EXERCISES and sorted(exercise_links) == EXERCISES
     assert "Validate" in text and "Assignment List" in text and "Submit" in text
 
@@ -86,7 +98,7 @@ def test_stored_without_outputs_with_ids_and_the_kernels_language_info(path):
 def test_each_lesson_ends_with_a_check_yourself_pointer_to_an_exercise(path):
     last = nbformat.read(path, as_version=4).cells[-1]
     assert last.cell_type == "markdown" and "Check yourself" in last.source
-    targets = re.findall(r"\(\.\./release/check_yourself/([^)]+)\)", last.source)
+    targets = re.findall(EXERCISE_LINK, last.source)
     assert targets and set(targets) <= set(EXERCISES)
 
 

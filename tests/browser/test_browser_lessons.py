@@ -147,3 +147,29 @@ def test_the_averaging_widget_hides_its_picture_when_the_shard_sizes_do_not_fit(
     state = lab.wait_for_widget_state(widget, before, lesson)
     assert state["error"] == "" and state["values"]["shard_sizes"] == "3, 1"
     assert_picture_shown(widget, "shard sizes 3, 1")
+
+
+def test_the_sharded_matmul_widget_shows_the_blocks_no_rank_computes_and_the_remedy(
+    lab: LabPage,
+) -> None:
+    lesson = "09_placements_and_the_sharded_matmul.ipynb"
+    lab.open_notebook(f"course/{lesson}")
+    lab.run_all(lesson)
+    (widget,) = lab.live_widgets()
+    widget.scroll_into_view_if_needed()
+    choices = widget.locator(".widget-dropdown select")
+    for index, label in ((0, "Shard(0)"), (1, "Shard(1)")):  # A by rows, B by columns: case 4
+        before = lab.widget_state(widget)
+        choices.nth(index).select_option(label=label)
+        state = lab.wait_for_widget_state(widget, before, lesson)
+        assert state["error"] == ""
+    text = widget.inner_text()
+    assert "invalid" in text and "Remedy:" in text and "all-gather" in text
+    assert_picture_shown(widget, "the invalid case")
+    lab.record("invalid_case")
+    before = lab.widget_state(widget)
+    choices.nth(0).select_option(label="Shard(1)")  # A by columns, B by columns: gather A first
+    lab.wait_for_widget_state(widget, before, lesson)
+    assert "all-gather first" in widget.inner_text()
+    assert "reduce-scatter" in widget.inner_text()  # the gathered A fans out: its backward
+    assert_picture_shown(widget, "the all-gather-first case")

@@ -13,6 +13,10 @@ nothing, so the modules stay independent of each other.
 - :mod:`.accumulation`: gradient accumulation, float16 overflow, no-sync traffic (lesson 6).
 - :mod:`.duality`: each duality row routed rank by rank (lesson 7).
 - :mod:`.distributed_graph`: the global graph of a distributed step (lessons 3 and 8).
+- :mod:`.sharded_matmul`: the placements and collectives of a sharded matrix product (lesson 9).
+- :mod:`.parallel_blocks`: a parallel block's placements and collectives, and its activation
+  memory (lessons 10 and 11).
+- :mod:`.comm_cost`: measured collectives against the α–β model, bytes per step (lesson 12).
 - :mod:`.live_widget`: the thin live view shared by those widgets.
 - :mod:`.tables`: tables and numbers as the lessons print them.
 - :mod:`.source`: a library function's source, shown on the page.

@@ -1,0 +1,60 @@
+"""Lesson 12's pictures and its bytes-per-step widget."""
+
+import pytest
+from chainrule import comm_cost as cc
+from chainrule.widgets import comm_cost as cw
+
+
+def test_step_bytes_follow_from_the_placements():
+    T, d, P = 1024, 256, 4
+    f = (P - 1) / P
+    data = cw.step_communication("data parallel", T, d, 4 * d, P)
+    assert [(p, op, on) for p, op, on, _ in data] == [
+        ("backward", "all_reduce", "W₁"),
+        ("backward", "all_reduce", "W₂"),
+    ]
+    assert sum(b for *_, b in data) == 2 * f * 8 * d * d * 2
+    tensor = cw.step_communication("tensor parallel", T, d, 4 * d, P)
+    assert [(p, op) for p, op, _, _ in tensor] == [
+        ("backward", "all_reduce"),
+        ("forward", "all_reduce"),
+    ]
+    sequence = cw.step_communication("sequence parallel", T, d, 4 * d, P)
+    assert [(p, op, on) for p, op, on, _ in sequence] == [
+        ("forward", "all_gather", "X"),
+        ("forward", "reduce_scatter", "Y"),
+        ("backward", "all_gather", "Y"),
+        ("backward", "reduce_scatter", "X"),
+    ]
+    assert sum(b for *_, b in sequence) == sum(b for *_, b in tensor) == 4 * f * T * d * 2
+
+
+def test_step_cost_times_are_the_model_of_each_collective():
+    cost = cw.step_cost(10, 512, 4, alpha=1e-4, bandwidth=1e9)
+    for name, comm in cost.rows.items():
+        expected = sum(
+            cc.alpha_beta_time(op, b / cc.bytes_factor(op, 4), 4, 1e-4, 1e9) for _, op, _, b in comm
+        )
+        assert cost.seconds[name] == pytest.approx(expected)
+    assert "MiB per rank" in cw.step_table(cost)
+
+
+def test_fits_are_drawn_per_collective():
+    measurements = [
+        cc.Measurement(op, P, n, cc.alpha_beta_time(op, n, P, 3e-4, 1e9))
+        for op in ("all_reduce", "all_gather")
+        for P in (2, 4)
+        for n in (1 << 10, 1 << 20)
+    ]
+    fits = {op: cc.fit(measurements, op) for op in ("all_reduce", "all_gather")}
+    figure = cw.plot_fits(measurements, fits)
+    assert len(figure.axes) == 2 and "α = 300 µs" in figure.axes[0].get_title()
+
+
+def test_widget_at_both_ends(sweep):
+    widget = cw.build_step_cost_widget(3e-4, 1e9)
+    for name, value in sweep(widget):
+        cost = widget.last_result
+        assert cost.tokens == 2 ** widget.controls["log2_tokens"].value, (name, value)
+        assert cost.world_size == widget.controls["world_size"].value
+        assert cost.total_bytes("tensor parallel") == cost.total_bytes("sequence parallel")
