@@ -190,32 +190,44 @@ def test_alternative_correct_solution_gets_every_autograded_point(graded_courses
     assert all(c.score == c.max_score for c in cells.values()), _report(cells)
 
 
-@pytest.fixture(scope="module")
-def validated(tmp_path_factory):
+def _validate(assignment, folder):
     """Validate (the visible tests only, in the student's kernel) on every variant of every
-    assignment, and on the instructor's solutions with the written answers filled in."""
-    folder = tmp_path_factory.mktemp("validate")
+    notebook of ``assignment``, and on the instructor's solutions with the written answers
+    filled in: ``{(assignment, notebook, variant): (exit code, report)}``."""
     shutil.copy2(REPO / "nbgrader_config.py", folder / "nbgrader_config.py")
     paths = {}
-    for assignment in ASSIGNMENTS:
-        for name in assignment.notebooks:
-            variants = {
-                "instructor": {},
-                **{v.name: v.cells for v in VARIANTS[(assignment.name, name)].values()},
-            }
-            for variant, cells in variants.items():
-                path = folder / f"{assignment.name}__{name}__{variant}.ipynb"
-                nbformat.write(assignment.build_submission(name, cells, written=True), path)
-                paths[(assignment.name, name, variant)] = path
+    for name in assignment.notebooks:
+        variants = {
+            "instructor": {},
+            **{v.name: v.cells for v in VARIANTS[(assignment.name, name)].values()},
+        }
+        for variant, cells in variants.items():
+            path = folder / f"{assignment.name}__{name}__{variant}.ipynb"
+            nbformat.write(assignment.build_submission(name, cells, written=True), path)
+            paths[(assignment.name, name, variant)] = path
     results = validate_many(folder, paths.values())
     return {key: results[path] for key, path in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def validated(tmp_path_factory):
+    """Each assignment validated on first use: ``validated(name)[(name, notebook, variant)]``
+    is (exit code, report)."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = _validate(BY_NAME[name], tmp_path_factory.mktemp(f"validate-{name}"))
+        return done[name]
+
+    return get
 
 
 @pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
 def test_instructor_solution_passes_validate(validated, key):
     """What a student with the instructor's answers sees on pressing Validate: success, so no
     visible test depends on code that only the hidden tests define."""
-    code, report = validated[(*key, "instructor")]
+    code, report = validated(key[0])[(*key, "instructor")]
     assert code == 0, report[-3000:]
 
 
@@ -225,7 +237,9 @@ def test_instructor_solution_passes_validate(validated, key):
 def test_validate_says_what_grading_will(validated, variant):
     """Right solutions pass Validate; every wrong one fails it, unless only a hard-coded or
     special-cased solution gets past the visible tests (``hidden_only`` says why)."""
-    code, report = validated[(variant.assignment, variant.notebook, variant.name)]
+    code, report = validated(variant.assignment)[
+        (variant.assignment, variant.notebook, variant.name)
+    ]
     if variant.is_right or variant.hidden_only:
         assert code == 0, report[-3000:]
     else:
@@ -233,13 +247,16 @@ def test_validate_says_what_grading_will(validated, variant):
         assert "VALIDATION FAILED" in report
 
 
-def test_the_wrong_solutions_only_the_hidden_tests_catch(validated):
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=str)
+def test_the_wrong_solutions_only_the_hidden_tests_catch(validated, assignment):
     """Per exercise, which wrong solutions pass Validate and why: special-cased ones only."""
+    notebooks = [(assignment.name, name) for name in assignment.notebooks]
+    results = validated(assignment.name)
     listing = {
-        key: {v.name: v.hidden_only for v in WRONG[key] if v.hidden_only} for key in NOTEBOOKS
+        key: {v.name: v.hidden_only for v in WRONG[key] if v.hidden_only} for key in notebooks
     }
     passing = {
-        key: {v.name for v in WRONG[key] if validated[(*key, v.name)][0] == 0} for key in NOTEBOOKS
+        key: {v.name for v in WRONG[key] if results[(*key, v.name)][0] == 0} for key in notebooks
     }
     assert {key: set(v) for key, v in listing.items()} == passing, listing
     for key, reasons in listing.items():

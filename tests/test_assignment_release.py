@@ -24,6 +24,8 @@ from assignment_fixtures import (
 
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
 NOTEBOOKS = [(a, name) for a in ASSIGNMENTS for name in a.notebooks]
+
+
 def _ids(value):
     return f"{value[0]}-{value[1]}" if isinstance(value, tuple) else str(value)
 

@@ -90,8 +90,8 @@ def unflatten_gradients(flat: Grad, like: Sequence[Any]) -> list[Grad]:
 def average_gradients(grads: Sequence[Grad]) -> list[Grad]:
     """``ḡ = (1/P) Σ_p g_p`` for each gradient (all-reduce AVG).
 
-    Exact when every rank's loss is a mean over the same number of examples: with
-    ``|B_p| = |B|/P``, ``∇L = (1/|B|) Σ_p Σ_{i∈B_p} ∇ℓ_i = (1/P) Σ_p ∇L_p``.
+    Equal to the full-batch gradient ``∇L`` when every rank's loss is a mean over the same
+    number of examples, and not otherwise (lesson 3 shows it; the first exercise asks why).
     """
     return [dist.all_reduce(g, op=AVG) for g in grads]
 

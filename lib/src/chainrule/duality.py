@@ -143,7 +143,8 @@ def reduce_scatter_to_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
     Global map: ``(x_1, …, x_P) ↦ (y_1, …, y_P)`` with ``y_q = Σ_p x_p[q]``, slice q of the sum
     along ``axis``. Input per-rank (full size), output per-rank (one slice each). Jacobian:
     ``∂y_q/∂x_p = S_q``, the selection of slice q, for every p. VJP: ``x̄_p = Σ_q S_qᵀ ȳ_q =
-    [ȳ_1; …; ȳ_P]`` on every rank — an all-gather, the exact inverse of the all-gather row.
+    [ȳ_1; …; ȳ_P]`` on every rank — an all-gather: the all-gather row with forward and
+    backward swapped (the adjoint of a map, not its inverse: ``S_q`` has no inverse).
     """
     x = as_tensor(x)
     out = np.asarray(dist.reduce_scatter(x.data, op=dist.ReduceOp.SUM, axis=axis))
