@@ -48,7 +48,7 @@ lab: install
 	$(BIN)/jupyter lab --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) course/00_start.ipynb
 
 test: install
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 lint: install
 	$(BIN)/ruff check lib tests benchmarks
