@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import chainrule.grading.batch as batch
 import nbformat
 import psutil
 import pytest
@@ -322,14 +324,19 @@ def graded(tmp_path_factory):
     # the cell before test_sum is a locked helper: nbgrader 0.9 stops with KeyError: 'helpers'
     submit(course, "deleted_after_helper", _edit(GOOD, delete=("ranks", "test_sum")))
     before = _watched(root)
-    BATCH_TMP.append(tmp_path_factory.mktemp("batch-tmp"))
+    BATCH_TMP.append(Path(tempfile.mkdtemp(prefix="adversarial-", dir="/tmp")))  # short: sockets
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tempfile, "tempdir", str(BATCH_TMP[0]))
+        patch.setattr(
+            batch,
+            "workspaces_folder",
+            lambda: Path(tempfile.mkdtemp(prefix="chainrule-kernels-", dir=BATCH_TMP[0])),
+        )
         first = _grade(root)
         after_first = _watched(root)
         time.sleep(2)
         second = _grade(root)
-    return root, before, after_first, first, second
+    yield root, before, after_first, first, second
+    shutil.rmtree(BATCH_TMP[0], ignore_errors=True)
 
 
 def _scores(book: dict, student: str) -> dict[str, float | None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -318,3 +319,22 @@ def test_grading_does_not_import_the_slow_iri_format_checker():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("None", "absent")
+
+
+def test_the_kernels_folders_fit_their_sockets_whatever_the_temporary_folder(tmp_path, monkeypatch):
+    from chainrule.grading.batch import (
+        SOCKET_PATH_IN_WORKSPACES,
+        SOCKET_PATH_MAX,
+        workspaces_folder,
+    )
+
+    long = tmp_path / ("x" * 60)
+    long.mkdir()
+    for tmp, parent in ((long, Path("/tmp")), (Path("/tmp"), Path("/tmp"))):
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+        folder = workspaces_folder()
+        try:
+            assert folder.parent == parent and folder.is_dir()
+            assert len(str(folder)) + SOCKET_PATH_IN_WORKSPACES <= SOCKET_PATH_MAX
+        finally:
+            folder.rmdir()

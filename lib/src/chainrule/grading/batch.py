@@ -156,6 +156,23 @@ def refresh_feedback(job: GradingJob, outcomes: Sequence[StudentOutcome]) -> dic
     return errors
 
 
+# A kernel's IPC sockets are <workspaces>/chainrule-kernel-XXXXXXXX/sockets/kernel-N, and a Unix
+# socket's path has at most 107 bytes.
+SOCKET_PATH_MAX = 107
+SOCKET_PATH_IN_WORKSPACES = len("/chainrule-kernel-XXXXXXXX/sockets/kernel-N")
+
+
+def workspaces_folder() -> Path:
+    """A new folder for the private folders of a batch's kernels: in the temporary folder, or in
+    ``/tmp`` where the temporary folder's path is too long for the kernels' sockets (a long
+    ``TMPDIR``, as on macOS)."""
+    base = tempfile.gettempdir()
+    longest = len(str(Path(base) / "chainrule-kernels-XXXXXXXX")) + SOCKET_PATH_IN_WORKSPACES
+    if longest > SOCKET_PATH_MAX:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="chainrule-kernels-", dir=base))
+
+
 def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResult:
     """Grade, flag, give feedback, export and summarise one assignment (see the module doc).
 
@@ -182,7 +199,7 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         job.layout.submitted, options.assignment, students, out_dir / "snapshots"
     )
     progress = Progress(len(students), stream, max([len(s) for s in students] + [8]))
-    job.workspaces = Path(tempfile.mkdtemp(prefix="chainrule-kernels-"))
+    job.workspaces = workspaces_folder()
     try:
         outcomes = grade_all(job, students, options.workers, progress)
     finally:  # a worker killed at its time limit leaves its kernel's private folder behind
