@@ -59,7 +59,8 @@ def bus_factor(op: str, world: int) -> float:
 # -- inside the SPMD function (each gloo worker) -----------------------------------------------
 
 
-def _sample(fn: Callable[[], Any], calls: int) -> float:
+def sample(fn: Callable[[], Any], calls: int) -> float:
+    """Seconds per call of ``fn``, over ``calls`` calls after a barrier of all ranks."""
     import torch.distributed as td
 
     td.barrier()
@@ -69,13 +70,14 @@ def _sample(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def _alternate(candidates: dict[str, Callable[[], Any]], calls: int, repeat: int) -> dict:
+def alternate(candidates: dict[str, Callable[[], Any]], calls: int, repeat: int) -> dict:
+    """``repeat`` samples of every candidate, taking turns, after one warm-up call each."""
     for fn in candidates.values():  # warm-up: the first call of a size allocates
         fn()
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     for _ in range(repeat):
         for name, fn in candidates.items():
-            samples[name].append(_sample(fn, calls))
+            samples[name].append(sample(fn, calls))
     return samples
 
 
@@ -159,7 +161,7 @@ def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
             "round_trip": round_trip,
             "reduce_from_ranks": reduce_only,
         }
-        result["sizes"][size] = _alternate(candidates, calls_per_sample(size), repeat)
+        result["sizes"][size] = alternate(candidates, calls_per_sample(size), repeat)
     largest = max(sizes)
     raw_ops = _raw_ops(td, torch, P)
     wrapped_ops = {
@@ -173,7 +175,7 @@ def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
         elements = largest // 4 // (P if op == "all_gather" else 1)
         t = torch.zeros(elements, dtype=torch.float32)
         candidates = {"raw": raw_ops[op](t), "wrapper": lambda t=t, w=wrapped: w(t)}
-        result["bandwidth"][op] = _alternate(candidates, calls_per_sample(largest), repeat)
+        result["bandwidth"][op] = alternate(candidates, calls_per_sample(largest), repeat)
     return result if td.get_rank() == 0 else {}
 
 

@@ -15,11 +15,10 @@ outputs and input gradients on every rank, for every pair of placements
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks.gloo_collectives import calls_per_sample, size_label
+from benchmarks.gloo_collectives import alternate, calls_per_sample, size_label
 from benchmarks.harness import Row, make_row, median, paired_ratio
 
 WORLD = 2
@@ -30,16 +29,6 @@ PAIRS = {  # (source, target): the row key's name
     ("Partial()", "Replicate()"): "partial_to_replicate",
     ("Partial()", "Shard(0)"): "partial_to_shard0",
 }
-
-
-def _sample(fn: Callable[[], Any], calls: int) -> float:
-    import torch.distributed as td
-
-    td.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
 
 
 def _candidates(source: str, target: str, size: int) -> dict[str, Callable[[], None]]:
@@ -85,14 +74,8 @@ def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
     for source, target in PAIRS:
         for size in sizes:
             candidates = _candidates(source, target, size)
-            for fn in candidates.values():
-                fn()  # warm-up
             calls = max(1, calls_per_sample(size) // 4)
-            samples: dict[str, list[float]] = {name: [] for name in candidates}
-            for _ in range(repeat):
-                for name, fn in candidates.items():
-                    samples[name].append(_sample(fn, calls))
-            found[f"{source}|{target}|{size}"] = samples
+            found[f"{source}|{target}|{size}"] = alternate(candidates, calls, repeat)
     return found if td.get_rank() == 0 else {}
 
 

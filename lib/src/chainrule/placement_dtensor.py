@@ -91,18 +91,6 @@ def torch_placement(placement: Placement) -> Any:
     return dtensor.Partial() if isinstance(placement, Partial) else dtensor.Replicate()
 
 
-def _local(global_value: np.ndarray, addends: list[np.ndarray], placement: Placement) -> np.ndarray:
-    """This rank's part of a value placed as ``placement`` (``addends`` for Partial)."""
-    from chainrule import dist
-
-    rank, world = dist.rank(), dist.world_size()
-    if isinstance(placement, Partial):
-        return addends[rank]
-    if isinstance(placement, Shard):
-        return np.split(global_value, world, axis=placement.axis)[rank]
-    return global_value
-
-
 def _engine(case: Case, x_local: np.ndarray, g_local: np.ndarray) -> tuple[np.ndarray, ...]:
     from chainrule import sharded
 
@@ -130,7 +118,7 @@ def _dtensor(case: Case, x_local: np.ndarray, g_local: np.ndarray) -> tuple[np.n
 
 def _compare_on_rank(shape: tuple[int, ...], seed: int) -> list[tuple[float, float]]:
     """SPMD on a torch backend: every case, both ways; this rank's (output, gradient) errors."""
-    from chainrule import dist
+    from chainrule import dist, sharded
 
     world = dist.world_size()
     rng = np.random.default_rng(seed)
@@ -140,11 +128,11 @@ def _compare_on_rank(shape: tuple[int, ...], seed: int) -> list[tuple[float, flo
         addends = [rng.standard_normal(shape) for _ in range(world)]
         cotangent = rng.standard_normal(shape)
         cotangent_addends = [rng.standard_normal(shape) for _ in range(world)]
-        x_local = _local(value, addends, case.source)
+        x_local = sharded.local_part(value, case.source, addends)
         if case.fan_out:
             g_local = cotangent_addends[dist.rank()]
         else:
-            g_local = _local(cotangent, [], case.target)
+            g_local = sharded.local_part(cotangent, case.target)
         ours = _engine(case, x_local, g_local)
         theirs = _dtensor(case, x_local, g_local)
         found.append(tuple(float(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True)))

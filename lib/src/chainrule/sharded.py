@@ -157,6 +157,19 @@ def distribute(
     return ShardedTensor(Tensor(np.array(array), requires_grad=requires_grad), placement)
 
 
+def local_part(
+    value: np.ndarray, placement: Placement, addends: Sequence[np.ndarray] = ()
+) -> np.ndarray:
+    """This rank's part of the global ``value`` placed as ``placement``: the whole value
+    (Replicate), this rank's slice (Shard), or this rank's addend ``addends[rank]`` (Partial,
+    where ``Σ_p addends[p] = value``)."""
+    if isinstance(placement, Partial):
+        return addends[dist.rank()]
+    if isinstance(placement, Shard):
+        return _chunk(value, placement.axis, dist.world_size(), dist.rank())
+    return value
+
+
 def from_local(
     local: ArrayLike, placement: Placement | str, requires_grad: bool = False
 ) -> ShardedTensor:

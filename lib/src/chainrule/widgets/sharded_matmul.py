@@ -76,15 +76,6 @@ class MatmulCase:
         return sum(b for p, _, _, b in self.communication if p == "backward")
 
 
-def _local(value: np.ndarray, placement: Placement, addends: list[np.ndarray]) -> np.ndarray:
-    rank, world = dist.rank(), dist.world_size()
-    if isinstance(placement, Partial):
-        return addends[rank]
-    if isinstance(placement, Shard):
-        return np.split(value, world, axis=placement.axis)[rank]
-    return value
-
-
 def _addends(value: np.ndarray, parts: int, rng: np.random.Generator) -> list[np.ndarray]:
     """``parts`` integer-valued arrays that add up to ``value``."""
     pieces = [rng.integers(-3, 4, value.shape).astype(float) for _ in range(parts - 1)]
@@ -97,8 +88,8 @@ def _run_on_rank(
     """SPMD: C = A · B on placed tensors, a barrier, backward with the cotangent G of C."""
     rng = np.random.default_rng(1)
     world = dist.world_size()
-    x = sh.from_local(_local(A, a, _addends(A, world, rng)), a, requires_grad=True)
-    y = sh.from_local(_local(B, b, _addends(B, world, rng)), b, requires_grad=True)
+    x = sh.from_local(sh.local_part(A, a, _addends(A, world, rng)), a, requires_grad=True)
+    y = sh.from_local(sh.local_part(B, b, _addends(B, world, rng)), b, requires_grad=True)
     c = sh.matmul(x, y)
     if then is not None:
         c = sh.redistribute(c, then)
@@ -106,7 +97,7 @@ def _run_on_rank(
     if isinstance(c.placement, Partial):
         c.local.backward(G)  # a sum hands every addend the whole cotangent
     else:
-        c.local.backward(_local(G, c.placement, []))
+        c.local.backward(sh.local_part(G, c.placement))
     dist.barrier()
     return c.full().data, x.full_grad(), y.full_grad()
 
