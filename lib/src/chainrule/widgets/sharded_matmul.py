@@ -229,7 +229,7 @@ def plot_blocks(case: MatmulCase) -> Figure:
     side = P * CELL
     width = 3 * side + 2 * GAP + 20
     legend_h = 20.0
-    height = side + 34 + legend_h
+    height = side + 34 + LABEL_PT * 1.4 + legend_h  # two lines of title above each grid
     figure = Figure(figsize=(width / 72, height / 72))
     ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
     ax.set_xlim(0, width)
@@ -238,8 +238,8 @@ def plot_blocks(case: MatmulCase) -> Figure:
     for k, (title, placement) in enumerate(grids):
         x0 = 10 + k * (side + GAP)
         y0 = legend_h + 4
-        ax.text(x0 + side / 2, y0 + side + 14, f"{title}  {placement or missing}",
-                ha="center", va="center", fontsize=LABEL_PT)  # fmt: skip
+        ax.text(x0 + side / 2, y0 + side + 6, f"{title}\n{placement or missing}",
+                ha="center", va="bottom", fontsize=LABEL_PT)  # fmt: skip
         for i in range(P):
             for j in range(P):
                 who = _holders(placement, (i, j))
