@@ -57,32 +57,34 @@ def _chunk(array: np.ndarray, index: int, parts: int, axis: int) -> np.ndarray:
 # -- the rows, on engine tensors -----------------------------------------------------------
 
 
-def copy_to_ranks(x: ArrayLike) -> Tensor:
+def copy_to_ranks(x: ArrayLike, group: dist.Group | None = None) -> Tensor:
     """``f``: identity forward on a replicated value, all-reduce (sum) backward.
 
     Global map: the replicated ``x`` is handed to the P ranks' own downstream computations,
     ``x ↦ (y_1, …, y_P) = (x, …, x)``. Jacobian: a column of P identities ``[I; …; I]``.
     VJP: ``x̄ = Σ_p ȳ_p`` — replication is a fan-out of width P, and rule 1 sums the P
     incoming gradients. Input replicated, output per-rank; the gradient is replicated.
+    ``group``: the ranks among which x is replicated (default: the world).
     """
     x = as_tensor(x)
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (np.asarray(dist.all_reduce(g, op=dist.ReduceOp.SUM)),)
+        return (np.asarray(dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)),)
 
     return Tensor.from_op(x.data, (x,), vjp, "copy_to_ranks")
 
 
-def reduce_from_ranks(x: ArrayLike) -> Tensor:
+def reduce_from_ranks(x: ArrayLike, group: dist.Group | None = None) -> Tensor:
     """``f̄``: all-reduce (sum) forward, identity backward.
 
     Global map: ``(x_1, …, x_P) ↦ y = Σ_p x_p``, one replicated value (the sum of per-rank
     partial results). Jacobian: a row of P identities ``[I, …, I]``. VJP: ``x̄_p = ȳ`` on every
     rank — each rank contributed one addend, so each receives the (replicated) incoming
-    gradient unchanged. Input per-rank, output replicated.
+    gradient unchanged. Input per-rank, output replicated. ``group``: the ranks whose partial
+    results are added (default: the world).
     """
     x = as_tensor(x)
-    out = np.asarray(dist.all_reduce(x.data, op=dist.ReduceOp.SUM))
+    out = np.asarray(dist.all_reduce(x.data, op=dist.ReduceOp.SUM, group=group))
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
         return (g,)

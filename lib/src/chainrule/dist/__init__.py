@@ -11,6 +11,7 @@ The same function runs unchanged with ``backend="gloo"`` (one process per rank, 
 
 The modules: :mod:`~chainrule.dist.api` (the collectives, and ``run``),
 :mod:`~chainrule.dist.calls` (what the ranks must agree on, and the check),
+:mod:`~chainrule.dist.groups` (groups of ranks, and the 2-D grid of data × tensor parallelism),
 :mod:`~chainrule.dist.simulated` (the simulated world), :mod:`~chainrule.dist.torch_backend`
 (one rank on torch.distributed), :mod:`~chainrule.dist.pool` and
 :mod:`~chainrule.dist.worker` (the warm worker processes of ``run``),
@@ -36,6 +37,7 @@ from chainrule.dist.api import (
     world_size,
 )
 from chainrule.dist.errors import CollectiveError, NoWorldError, RankError
+from chainrule.dist.groups import Grid, Group, grid, new_group
 from chainrule.dist.pool import shutdown
 from chainrule.dist.simulated import SimulatedWorld
 from chainrule.dist.torchrun import init_from_env
@@ -45,6 +47,8 @@ __all__ = [
     "BACKENDS",
     "CollectiveError",
     "CollectiveEvent",
+    "Grid",
+    "Group",
     "NoWorldError",
     "RankError",
     "ReduceOp",
@@ -56,9 +60,11 @@ __all__ = [
     "available_backends",
     "barrier",
     "broadcast",
+    "grid",
     "in_world",
     "init_from_env",
     "is_available",
+    "new_group",
     "rank",
     "reduce_scatter",
     "run",

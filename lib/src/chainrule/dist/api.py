@@ -21,7 +21,9 @@ passed: numpy arrays (Python numbers and lists become arrays, so a float comes b
 array), :class:`chainrule.Tensor` (a NEW tensor with no graph; the differentiable
 collectives are :mod:`chainrule.duality`) or torch tensors, on the device they came from.
 Every collective is functional: it returns its result and leaves its input alone, except
-:func:`all_reduce` with ``out=``.
+:func:`all_reduce` with ``out=``. Every collective takes ``group=``, a
+:class:`~chainrule.dist.groups.Group` from :func:`~chainrule.dist.groups.new_group`: then it
+meets only that group's ranks, and ``src`` and the chunks count in the group's ranks.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from chainrule import interop
 from chainrule.dist.calls import Call
 from chainrule.dist.errors import CollectiveError, NoWorldError
+
+if TYPE_CHECKING:
+    from chainrule.dist.groups import Group
 
 BACKENDS = ("sim", "gloo", "nccl")
 """The backend names :func:`run` accepts besides ``"auto"`` (alias ``"torch"``)."""
@@ -89,6 +94,12 @@ class World(Protocol):
 
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]: ...
 
+    def register_group(self, group: Group) -> None:
+        """Prepare the collectives of ``group`` (called on every rank, in the same order)."""
+
+    def subgroup(self, group: Group) -> World:
+        """This rank as a rank of ``group``, whose collectives meet only its ranks."""
+
 
 _rank_world: ContextVar[World | None] = ContextVar("chainrule_rank_world", default=None)
 """The simulated rank running in the current context (each rank has a context of its own)."""
@@ -127,6 +138,12 @@ def current_world() -> World:
         "a function started by dist.run(fn, world_size, ...), or in a process that called "
         "dist.init_from_env() (e.g. under torchrun)"
     )
+
+
+def group_world(group: Group | None) -> World:
+    """The world of ``group`` seen from here (the whole world for None)."""
+    world = current_world()
+    return world if group is None else world.subgroup(group)
 
 
 def in_world() -> bool:
@@ -216,17 +233,19 @@ def check_src(src: int, world_size: int) -> int:
 # -- the collectives --------------------------------------------------------------------------
 
 
-def rank() -> int:
-    """This rank's index r ∈ {0, ..., P−1} inside an SPMD function."""
-    return current_world().rank
+def rank(group: Group | None = None) -> int:
+    """This rank's index r ∈ {0, ..., P−1} inside an SPMD function (in ``group``, if given)."""
+    return group_world(group).rank
 
 
-def world_size() -> int:
-    """The number of ranks P inside an SPMD function."""
-    return current_world().world_size
+def world_size(group: Group | None = None) -> int:
+    """The number of ranks P inside an SPMD function (of ``group``, if given)."""
+    return group_world(group).world_size
 
 
-def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> Any:
+def all_reduce(
+    x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None, group: Group | None = None
+) -> Any:
     """Every rank gets ⊕_r x_r (⊕ = sum, average or max), as the same type as ``x``.
 
     With ``op=SUM`` this is y = Σ_{r=0}^{P−1} x_r on every rank; its adjoint is itself.
@@ -235,7 +254,7 @@ def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> An
     result into ``out`` (an array of x's shape and dtype, which may be ``x`` itself: then it
     works in place like ``torch.distributed.all_reduce``) and return ``out``.
     """
-    world = current_world()
+    world = group_world(group)
     if type(op) is not ReduceOp:
         op = ReduceOp.coerce(op)
     data, call = _prepare(world, "all_reduce", x, (("op", op),))
@@ -256,13 +275,13 @@ def all_reduce(x: Any, op: ReduceOp | str = ReduceOp.SUM, out: Any = None) -> An
     return out
 
 
-def all_gather(x: Any, axis: int = 0) -> Any:
+def all_gather(x: Any, axis: int = 0, group: Group | None = None) -> Any:
     """Every rank gets concat(x_0, ..., x_{P−1}) along ``axis`` (shapes must be equal).
 
     A 0-d input counts as shape (1,), so gathering a scalar gives a vector of length P.
     The adjoint is :func:`reduce_scatter` (sum) along the same axis.
     """
-    world = current_world()
+    world = group_world(group)
     data, call = _prepare(world, "all_gather", x, ())
     if data.ndim == 0:
         data = data.reshape(1)
@@ -271,12 +290,14 @@ def all_gather(x: Any, axis: int = 0) -> Any:
     return _result(world.collective(call, data)[0], call, x)
 
 
-def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, axis: int = 0) -> Any:
+def reduce_scatter(
+    x: Any, op: ReduceOp | str = ReduceOp.SUM, axis: int = 0, group: Group | None = None
+) -> Any:
     """Rank r gets chunk r (along ``axis``) of ⊕_j x_j; ``x.shape[axis]`` must divide by P.
 
     Equal to ``split(all_reduce(x, op), P, axis)[r]`` but moves (P−1)/P of the data once.
     """
-    world = current_world()
+    world = group_world(group)
     op = ReduceOp.coerce(op)
     data, call = _prepare(world, "reduce_scatter", x, ())
     check_reducible(call.dtype, op)
@@ -285,13 +306,15 @@ def reduce_scatter(x: Any, op: ReduceOp | str = ReduceOp.SUM, axis: int = 0) -> 
     return _result(world.collective(call, data)[0], call, x)
 
 
-def all_to_all(x: Any, split_axis: int = 0, concat_axis: int = 0) -> Any:
+def all_to_all(
+    x: Any, split_axis: int = 0, concat_axis: int = 0, group: Group | None = None
+) -> Any:
     """Split x into P chunks along ``split_axis``; chunk j goes to rank j.
 
     Rank r returns concat(chunk_r(x_0), ..., chunk_r(x_{P−1})) along ``concat_axis``: a
     transpose of the (rank, chunk) grid, e.g. from sharding a sequence to sharding heads.
     """
-    world = current_world()
+    world = group_world(group)
     data, call = _prepare(world, "all_to_all", x, ())
     shape: tuple = call.shape  # type: ignore[assignment]
     split_axis = check_divisible(shape, split_axis, world.world_size, "all_to_all", "split_axis")
@@ -300,12 +323,12 @@ def all_to_all(x: Any, split_axis: int = 0, concat_axis: int = 0) -> Any:
     return _result(world.collective(call, data)[0], call, x)
 
 
-def broadcast(x: Any = None, src: int = 0) -> Any:
+def broadcast(x: Any = None, src: int = 0, group: Group | None = None) -> Any:
     """Every rank gets a copy of rank ``src``'s x.
 
     The other ranks may pass None or an array of the source's shape and dtype.
     """
-    world = current_world()
+    world = group_world(group)
     src = check_src(src, world.world_size)
     if x is None:
         if world.rank == src:
@@ -317,9 +340,9 @@ def broadcast(x: Any = None, src: int = 0) -> Any:
     return _result(result, source, x)
 
 
-def scatter(x: Any = None, src: int = 0, axis: int = 0) -> Any:
+def scatter(x: Any = None, src: int = 0, axis: int = 0, group: Group | None = None) -> Any:
     """Rank r gets chunk r (along ``axis``) of rank ``src``'s x (other ranks may pass None)."""
-    world = current_world()
+    world = group_world(group)
     src = check_src(src, world.world_size)
     if world.rank != src:  # only the source's value and axis count
         data, call = None, Call("scatter", (("src", src),))
@@ -333,9 +356,9 @@ def scatter(x: Any = None, src: int = 0, axis: int = 0) -> Any:
     return _result(result, source, x)
 
 
-def barrier() -> None:
+def barrier(group: Group | None = None) -> None:
     """Wait until every rank has reached this point."""
-    current_world().collective(Call("barrier"), None)
+    group_world(group).collective(Call("barrier"), None)
 
 
 # -- choosing and starting a backend ----------------------------------------------------------

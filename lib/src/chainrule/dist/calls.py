@@ -18,9 +18,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from chainrule.interop import itemsize
 from chainrule.dist.errors import CollectiveAborted, CollectiveError
 from chainrule.dist.trace import CollectiveEvent
+from chainrule.interop import itemsize
 
 PARAMETERS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("op",),
@@ -128,8 +128,15 @@ def returned_message(waiting: Sequence[int], returned: int, op: str, seq: int) -
     )
 
 
-def event(calls: Sequence[Call], lead: Call, seq: int, backend: str) -> CollectiveEvent:
-    """The trace event of collective ``seq``: every rank's shape, the agreed arguments."""
+def event(
+    calls: Sequence[Call],
+    lead: Call,
+    seq: int,
+    backend: str,
+    ranks: Sequence[int] | None = None,
+) -> CollectiveEvent:
+    """The trace event of collective ``seq``: every rank's shape, the agreed arguments.
+    ``ranks``: the world ranks of ``calls`` (default: the whole world, 0 to P−1)."""
     if lead.op in ("broadcast", "scatter"):
         nbytes = lead.nbytes
     else:
@@ -140,7 +147,7 @@ def event(calls: Sequence[Call], lead: Call, seq: int, backend: str) -> Collecti
         shapes=tuple(call.shape for call in calls),
         dtype=lead.dtype,
         nbytes=nbytes,
-        ranks=tuple(range(len(calls))),
+        ranks=tuple(range(len(calls))) if ranks is None else tuple(ranks),
         kwargs=dict(lead.params),
         backend=backend,
     )
@@ -190,10 +197,13 @@ MAX_NDIM = 16
 
 _OPS = tuple(PARAMETERS)
 _KINDS = (None, "numpy", "engine", "torch")
-_DTYPES = (None, *(
-    "float64 float32 float16 bfloat16 complex128 complex64 "
-    "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool"
-).split())
+_DTYPES = (
+    None,
+    *(
+        "float64 float32 float16 bfloat16 complex128 complex64 "
+        "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool"
+    ).split(),
+)
 ROW = 4 + MAX_NDIM + 1 + 3
 """Integers per encoded call: op, kind, dtype, ndim, the shape, the count of arguments, the
 arguments."""

@@ -336,8 +336,13 @@ def run(
             "code or in a torch.distributed call of its own. The worker processes were stopped "
             "and restart on the next call; pass timeout= to dist.run to allow longer"
         )
-    if trace is not None:
-        trace.extend(replies[0].events)
+    if trace is not None:  # each collective as its group's rank 0 saw it, in time order
+        led = [
+            (t, e)
+            for reply in replies.values()
+            for t, e in zip(reply.event_times, reply.events, strict=True)
+        ]
+        trace.extend([e for _, e in sorted(led, key=lambda item: item[0])])
     return [replies[r].value for r in range(world_size)]
 
 
@@ -352,9 +357,7 @@ def _error(
         return CollectiveError(failed[min(failed)].message)
     first = min(raised)
     error = raised[first]
-    exc = RankError(
-        first, error.exc_type, error.message, restore_source_lines(error.traceback, fn)
-    )
+    exc = RankError(first, error.exc_type, error.message, restore_source_lines(error.traceback, fn))
     others = sorted(set(raised) - {first})
     if others:
         exc.add_note(f"{ranks_text(others)} also raised")

@@ -53,6 +53,7 @@ from chainrule.dist import api
 from chainrule.dist.api import ReduceOp
 from chainrule.dist.calls import Call, agree, event, ranks_text, returned_message
 from chainrule.dist.errors import CollectiveAborted, CollectiveError, RankError
+from chainrule.dist.groups import Group
 from chainrule.dist.trace import Trace
 
 DEFAULT_TIMEOUT = 5.0
@@ -124,7 +125,35 @@ class _Rank:
         self.run, self.rank, self.world_size = run, rank, run.world_size
 
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
-        return self.run.meet(self.rank, call, data)
+        return self.run.meet(self.rank, call, data, self.run.everyone)
+
+    def register_group(self, group: Group) -> None:
+        pass  # a group of the simulated world is just its ranks
+
+    def subgroup(self, group: Group) -> _GroupRank:
+        return _GroupRank(self.run, self.rank, group)
+
+
+class _GroupRank:
+    """One rank of a run as a member of a group: its collectives meet the group's ranks."""
+
+    backend = "sim"
+    native = "numpy"
+    device = None
+    __slots__ = ("run", "global_rank", "ranks", "rank", "world_size")
+
+    def __init__(self, run: _Run, global_rank: int, group: Group) -> None:
+        self.run, self.global_rank, self.ranks = run, global_rank, group.ranks
+        self.rank, self.world_size = group.index(global_rank), len(group)
+
+    def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
+        return self.run.meet(self.global_rank, call, data, self.ranks)
+
+    def register_group(self, group: Group) -> None:
+        raise TypeError("make groups from the whole world (dist.new_group), not from a group")
+
+    def subgroup(self, group: Group) -> _GroupRank:
+        raise TypeError("a collective's group is a group of the world, not of another group")
 
 
 class _Interrupted(CollectiveError):
@@ -143,9 +172,9 @@ class _Run:
         self.timeout = world.timeout
         self.deterministic = world.deterministic
         self.trace = trace
-        self.seq = 0  # the number of the collective the ranks meet in now
-        self.arrived: list[tuple[Call, Any] | None] = [None] * P  # who waits in it, with what
-        self.count = 0  # how many have arrived
+        self.everyone = tuple(range(P))
+        self.meetings: dict[tuple[int, ...], _Meeting] = {self.everyone: _Meeting()}
+        self.waiting_in: list[tuple[int, ...] | None] = [None] * P  # each rank's meeting
         self.ready: deque[tuple[int, Any]] = deque((r, _START) for r in range(P))
         self.done = [False] * P
         self.results: list[Any] = [None] * P
@@ -192,23 +221,25 @@ class _Run:
                 self._resume(*self.ready.popleft())
                 if self.interrupt is not None:
                     raise self.interrupt
-            waiting = [r for r, arrived in enumerate(self.arrived) if arrived is not None]
+            waiting = [r for r, members in enumerate(self.waiting_in) if members is not None]
             if not waiting:
                 if self.timed_out and self.failure is None:  # no rank reached a collective
                     missing = sorted(self.timed_out)
                     own = "its" if len(missing) == 1 else "their"
+                    seq = self.meetings[self.everyone].seq
                     self._fail(
                         f"{ranks_text(missing)} ran {own} own code for more than "
-                        f"{self.timeout:g} s without reaching collective #{self.seq}; pass "
+                        f"{self.timeout:g} s without reaching collective #{seq}; pass "
                         "timeout= to dist.run to wait longer"
                     )
                 return
             if self.failure is None:
                 self._fail(self._stuck(waiting))
             for r in waiting:  # release the waiting ranks with the failure
-                self.arrived[r] = None
+                self.waiting_in[r] = None
                 self.ready.append((r, CollectiveAborted(self.failure)))
-            self.count = 0
+            for meeting in self.meetings.values():
+                meeting.arrived.clear()
 
     def _resume(self, rank: int, value: Any) -> None:
         """Run ``rank`` until it waits in a collective or ends: start it, hand it its result,
@@ -289,19 +320,33 @@ class _Run:
         return all(done for r, done in enumerate(self.done) if r != rank)
 
     def _stuck(self, waiting: list[int]) -> str:
-        """Why no rank can go on while ``waiting`` ranks wait in the current collective."""
-        op = self.arrived[waiting[0]][0].op  # type: ignore[index]
+        """Why no rank can go on while ``waiting`` ranks wait in collectives."""
+        members: tuple[int, ...] = self.waiting_in[waiting[0]]  # type: ignore[assignment]
+        meeting = self.meetings[members]
+        here = sorted(meeting.arrived)
+        op, seq = meeting.arrived[here[0]][0].op, meeting.seq
+        where = "" if members == self.everyone else f" (in the group of ranks {members})"
         if self.timed_out:
             missing = sorted(self.timed_out)
             still = "was still running its" if len(missing) == 1 else "were still running their"
             seconds = max(self.timed_out[r] for r in missing)
             return (
-                f"{op} #{self.seq} timed out after {self.timeout:g} s: {ranks_text(waiting)} "
+                f"{op} #{seq}{where} timed out after {self.timeout:g} s: {ranks_text(here)} "
                 f"arrived but {ranks_text(missing)} {still} own code (stopped after "
                 f"{seconds:.2f} s); pass timeout= to dist.run to wait longer"
             )
-        returned = min(r for r in range(self.world_size) if r not in waiting)
-        return returned_message(waiting, returned, op, self.seq)
+        absent = [r for r in members if r not in meeting.arrived]
+        returned = [r for r in absent if self.done[r]]
+        if returned:
+            return returned_message(here, returned[0], op, seq) + where
+        other: tuple[int, ...] = self.waiting_in[absent[0]]  # type: ignore[assignment]
+        elsewhere = [r for r in absent if self.waiting_in[r] == other]
+        other_op = self.meetings[other].arrived[elsewhere[0]][0].op
+        return (
+            f"{ranks_text(here)} wait in {op} #{seq} of the group of ranks {members} while "
+            f"{ranks_text(elsewhere)} wait in {other_op} of the group of ranks {other}: the "
+            "ranks of a group must call its collectives in the same order"
+        )
 
     def _error(self) -> Exception:
         if self.failed_rank is not None and self.errors:
@@ -317,8 +362,9 @@ class _Run:
 
     # -- the meeting ------------------------------------------------------------------------
 
-    def meet(self, rank: int, call: Call, data: Any) -> tuple[Any, Call]:
-        """Meet the other ranks in ``call``; this rank's result and the agreed call.
+    def meet(self, rank: int, call: Call, data: Any, members: tuple[int, ...]) -> tuple[Any, Call]:
+        """Meet the other ranks of ``members`` in ``call``; this rank's result and the agreed
+        call.
 
         The last rank to arrive checks the calls, computes every rank's result and goes on;
         the others hand back to the scheduler until it resumes them with their results.
@@ -328,7 +374,7 @@ class _Run:
             raise CollectiveAborted(self.failure)
         if rank in self.timed_out:  # it swallowed the watchdog's exception: once more
             raise _Interrupted(f"rank {rank} was stopped after {self.timed_out[rank]:.2f} s")
-        P = self.world_size
+        P = len(members)
         torch = sys.modules.get("torch")
         if torch is not None and P > 1 and torch._C._current_graph_task_id() != -1:
             raise RuntimeError(
@@ -336,37 +382,52 @@ class _Run:
                 "(a hook or an autograd.Function's backward during .backward()): the ranks share "
                 "one thread; call it outside backward, or use dist.run(..., backend='gloo')"
             )
-        self.arrived[rank] = (call, data)
-        self.count += 1
-        if self.count < P:
+        meeting = self.meetings.setdefault(members, _Meeting())
+        meeting.arrived[rank] = (call, data)
+        self.waiting_in[rank] = members
+        if len(meeting.arrived) < P:
             return self.scheduler.switch()
-        arrived: list[tuple[Call, Any]] = self.arrived  # type: ignore[assignment]
-        seq = self.seq
-        self.arrived, self.count, self.seq = [None] * P, 0, seq + 1
+        arrived = [meeting.arrived[r] for r in members]
+        seq = meeting.seq
+        meeting.arrived, meeting.seq = {}, seq + 1
+        for r in members:
+            self.waiting_in[r] = None
         calls = [c for c, _ in arrived]
+        where = "" if members == self.everyone else f" (ranks of the group {members})"
         try:
             lead = agree(calls, seq)
             results = COMPUTE[lead.op]([d for _, d in arrived], lead, self.deterministic)
         except CollectiveError as exc:
-            self._fail(str(exc))
-            self._release(rank)
-            raise CollectiveAborted(str(exc)) from None
+            self._fail(str(exc) + where)
+            self._release(rank, members)
+            raise CollectiveAborted(str(exc) + where) from None
         except Exception as exc:
-            self._fail(f"{call.op} #{seq} failed: {type(exc).__name__}: {exc}")
-            self._release(rank)
+            self._fail(f"{call.op} #{seq}{where} failed: {type(exc).__name__}: {exc}")
+            self._release(rank, members)
             raise
         if self.trace is not None:
-            self.trace.record(event(calls, lead, seq, "sim"))
-        for r in range(P):
+            self.trace.record(event(calls, lead, seq, "sim", members))
+        for i, r in enumerate(members):
             if r != rank:
-                self.ready.append((r, (results[r], lead)))
-        return results[rank], lead
+                self.ready.append((r, (results[i], lead)))
+        return results[members.index(rank)], lead
 
-    def _release(self, rank: int) -> None:
-        """Make every rank but ``rank`` (all waiting in the collective) raise the failure."""
-        for r in range(self.world_size):
+    def _release(self, rank: int, members: tuple[int, ...]) -> None:
+        """Make every rank of ``members`` but ``rank`` (all waiting in the collective) raise
+        the failure."""
+        for r in members:
             if r != rank:
                 self.ready.append((r, CollectiveAborted(self.failure)))
+
+
+class _Meeting:
+    """The ranks of one group that wait in its current collective, and its number."""
+
+    __slots__ = ("arrived", "seq")
+
+    def __init__(self) -> None:
+        self.arrived: dict[int, tuple[Call, Any]] = {}  # world rank -> (call, data)
+        self.seq = 0  # the number of the group's collective the ranks meet in now
 
 
 class _Watchdog:

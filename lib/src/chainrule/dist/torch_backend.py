@@ -19,23 +19,32 @@ memory. gloo has no average: ``ReduceOp.AVG`` sums, then divides by P.
 
 from __future__ import annotations
 
+import copy
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chainrule import interop
 from chainrule.dist.api import ReduceOp
-from chainrule.dist.calls import ROW, Call, agree, decode, encode, event
+from chainrule.dist.calls import Call, agree, decode, encode, event
 from chainrule.dist.errors import CollectiveAborted, CollectiveError
 from chainrule.dist.trace import CollectiveEvent
+
+if TYPE_CHECKING:
+    from chainrule.dist.groups import Group
 
 REDUCE_OPS = tuple(ReduceOp)
 
 
 class TorchWorld:
-    """This process's rank of the default ``torch.distributed`` process group.
+    """This process's rank of the default ``torch.distributed`` process group, or of a group
+    of its ranks.
 
     ``backend``: "gloo" or "nccl"; ``device``: where the rank's tensors live. ``events``: when
-    a list, every collective appends its :class:`~chainrule.dist.trace.CollectiveEvent`.
+    a list, every collective this rank leads (it is its group's rank 0) appends its
+    :class:`~chainrule.dist.trace.CollectiveEvent`, and ``event_times`` when it happened
+    (``time.monotonic()``, one clock for every process of the machine). A group's world
+    (:meth:`subgroup`) has its own collective numbers and shares the rest with this one.
     """
 
     native = "torch"
@@ -48,36 +57,74 @@ class TorchWorld:
         self.device = torch.device(device)
         self.rank: int = td.get_rank()
         self.world_size: int = td.get_world_size()
+        self.ranks: tuple[int, ...] = tuple(range(self.world_size))  # as world ranks
+        self.process_group: Any = None  # None: the default group
+        self.root = self  # the world of the whole default group
+        self.groups: dict[tuple[int, ...], TorchWorld] = {}  # the groups made so far
         self.seq = 0  # the number of the next collective
         self.failure: str | None = None  # why the ranks could not agree, once they could not
         self.events: list[CollectiveEvent] | None = None
+        self.event_times: list[float] = []
 
     def start(self, tracing: bool) -> None:
         """Begin a run of an SPMD function: collectives count from 0 again."""
         self.seq, self.failure = 0, None
         self.events = [] if tracing else None
+        self.event_times = []
+        for group in self.groups.values():
+            group.seq = 0
+
+    def register_group(self, group: Group) -> None:
+        """Create ``group``'s process group, once per process (a collective step of every rank
+        of the default group: every rank calls it, in the same order)."""
+        if group.ranks in self.root.groups:
+            return
+        import torch.distributed as td
+
+        process_group = td.new_group(list(group.ranks), sort_ranks=False)
+        member = copy.copy(self.root)
+        member.process_group, member.ranks, member.seq = process_group, group.ranks, 0
+        if self.rank in group.ranks:
+            member.rank, member.world_size = group.index(self.root.rank), len(group)
+        self.root.groups[group.ranks] = member
+
+    def subgroup(self, group: Group) -> TorchWorld:
+        member = self.root.groups.get(group.ranks)
+        if member is None:
+            raise CollectiveError(
+                f"the group of ranks {group.ranks} was not made with dist.new_group on every "
+                "rank of this run"
+            )
+        group.index(self.root.rank)  # ValueError for a rank outside the group
+        return member
 
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
         calls, lead = self.agree(call)
-        if self.events is not None:
-            self.events.append(event(calls, lead, self.seq - 1, self.backend))
+        root = self.root
+        if root.events is not None and self.rank == 0:
+            root.events.append(event(calls, lead, self.seq - 1, self.backend, self.ranks))
+            root.event_times.append(time.monotonic())
         return COLLECTIVES[lead.op](self, lead, data, into), lead
 
     def agree(self, call: Call) -> tuple[list[Call], Call]:
         """Every rank's call of the next collective, and the call they agree on (or raise)."""
         import torch
 
-        if self.failure is not None:
-            raise CollectiveAborted(self.failure)
+        root = self.root
+        if root.failure is not None:
+            raise CollectiveAborted(root.failure)
         seq, self.seq = self.seq, self.seq + 1
         mine = torch.tensor(encode(call, REDUCE_OPS), dtype=torch.int64, device=self.device)
-        rows = _all_gather_stacked(mine, self.world_size)
+        rows = _all_gather_stacked(mine, self)
         calls = [decode(row, REDUCE_OPS) for row in rows.tolist()]
         try:
             return calls, agree(calls, seq)
         except CollectiveError as exc:
-            self.failure = str(exc)
-            raise
+            if self is root:
+                root.failure = str(exc)
+                raise
+            root.failure = f"{exc} (ranks of the group {self.ranks})"
+            raise type(exc)(root.failure) from None
 
     def finish(self, raised: bool) -> None:
         """End a run: tell the other ranks this one returned (or raised), so that a rank still
@@ -104,15 +151,15 @@ def _sum_or_max(op: ReduceOp) -> Any:
     return td.ReduceOp.MAX if op is ReduceOp.MAX else td.ReduceOp.SUM
 
 
-def _all_gather_stacked(t: Any, world_size: int) -> Any:
+def _all_gather_stacked(t: Any, world: TorchWorld) -> Any:
     """Every rank's ``t``, stacked: shape (P, *t.shape)."""
     import torch
 
-    td = _dist()
-    out = torch.empty((world_size * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    td, P = _dist(), world.world_size
+    out = torch.empty((P * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     gather = getattr(td, "all_gather_single", None) or td.all_gather_into_tensor  # (torch < 2.13)
-    gather(out, t)
-    return out.view(world_size, *t.shape)
+    gather(out, t, group=world.process_group)
+    return out.view(P, *t.shape)
 
 
 def _all_reduce(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
@@ -123,13 +170,13 @@ def _all_reduce(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
         result = into
         if not interop.shares_memory(into, t):
             result.copy_(t)
-    _dist().all_reduce(result, op=_sum_or_max(op))
+    _dist().all_reduce(result, op=_sum_or_max(op), group=world.process_group)
     return result.div_(world.world_size) if op is ReduceOp.AVG else result
 
 
 def _all_gather(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
     axis, P = call.param("axis"), world.world_size
-    stacked = _all_gather_stacked(t, P)
+    stacked = _all_gather_stacked(t, world)
     shape = list(t.shape)
     shape[axis] *= P
     return stacked.movedim(0, axis).reshape(shape)  # rank j's block j along axis
@@ -143,7 +190,7 @@ def _reduce_scatter(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
     rows = t.movedim(axis, 0).contiguous()  # chunk r: rows r·n/P to (r+1)·n/P − 1
     out = torch.empty((rows.shape[0] // P, *rows.shape[1:]), dtype=t.dtype, device=t.device)
     scatter = getattr(td, "reduce_scatter_single", None) or td.reduce_scatter_tensor
-    scatter(out, rows, op=_sum_or_max(op))
+    scatter(out, rows, op=_sum_or_max(op), group=world.process_group)
     if op is ReduceOp.AVG:
         out.div_(P)
     return out.movedim(0, axis).contiguous()
@@ -155,7 +202,7 @@ def _all_to_all(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
     P, split_axis = world.world_size, call.param("split_axis")
     rows = t.movedim(split_axis, 0).contiguous()  # chunk j: the rows that go to rank j
     received = torch.empty_like(rows)
-    _dist().all_to_all_single(received, rows)
+    _dist().all_to_all_single(received, rows, group=world.process_group)
     # received holds rank j's chunk for this rank in its rows j·c to (j+1)·c − 1
     chunks = received.reshape(P, -1, *rows.shape[1:]).movedim(1, split_axis + 1)
     shape = list(chunks.shape[1:])
@@ -172,7 +219,7 @@ def _broadcast(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
     else:
         dtype = interop.torch_dtype(call.dtype)  # type: ignore[arg-type]
         result = torch.empty(call.shape or (), dtype=dtype, device=world.device)
-    _dist().broadcast(result, src=src)
+    _dist().broadcast(result, group=world.process_group, group_src=src)
     return result
 
 
@@ -185,15 +232,15 @@ def _scatter(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
     dtype = interop.torch_dtype(call.dtype)  # type: ignore[arg-type]
     result = torch.empty(shape, dtype=dtype, device=world.device)
     chunks = [c.contiguous() for c in t.chunk(P, dim=axis)] if world.rank == src else None
-    _dist().scatter(result, chunks, src=src)
+    _dist().scatter(result, chunks, group=world.process_group, group_src=src)
     return result
 
 
 def _barrier(world: TorchWorld, call: Call, t: Any, into: Any) -> None:
     if world.backend == "nccl":
-        _dist().barrier(device_ids=[world.device.index])
+        _dist().barrier(group=world.process_group, device_ids=[world.device.index])
     else:
-        _dist().barrier()
+        _dist().barrier(group=world.process_group)
 
 
 COLLECTIVES: dict[str, Callable[[TorchWorld, Call, Any, Any], Any]] = {

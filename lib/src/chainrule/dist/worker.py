@@ -104,12 +104,14 @@ class Exited:
 @dataclass
 class Reply:
     """What a rank sends back for a task: its result, or its error; ``failure``: why the ranks
-    could not agree on a collective, when they could not (even if the function caught it)."""
+    could not agree on a collective, when they could not (even if the function caught it);
+    ``events``: the collectives it led (as its group's rank 0), at ``event_times``."""
 
     rank: int
     value: Any = None
     error: RemoteError | None = None
     events: list[CollectiveEvent] = field(default_factory=list)
+    event_times: list[float] = field(default_factory=list)
     output: str = ""
     failure: str | None = None
 
@@ -246,6 +248,7 @@ def run_task(message: bytes, rank: int, world: Any) -> Reply | None:
     except BaseException as exc:  # noqa: BLE001 - reported to the caller
         reply = Reply(rank, error=RemoteError.of(exc))
     reply.events, reply.output = world.events or [], output.getvalue()
+    reply.event_times = list(getattr(world, "event_times", []))
     reply.failure = world.failure
     return reply
 
@@ -262,4 +265,3 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_cpu(v) for k, v in value.items()}
     return value
-
