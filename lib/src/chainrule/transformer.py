@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -200,9 +199,14 @@ class Training:
 def _sgd_momentum(params: dict[str, Tensor], velocity: dict[str, np.ndarray], t: Training) -> None:
     """v ← μ v + g, θ ← θ − η v, for each parameter, in place."""
     for name, p in params.items():
-        velocity[name] = t.momentum * velocity[name] + p.grad
+        velocity[name] = t.momentum * velocity[name] + _gradient(p)
         p.data -= t.lr * velocity[name]
         p.grad = None
+
+
+def _gradient(p: Tensor) -> np.ndarray:
+    """``p.grad``, or zeros where no gradient reached ``p``."""
+    return p.grad if p.grad is not None else np.zeros_like(p.data)
 
 
 def train_one_process(t: Training) -> list[float]:
@@ -246,9 +250,9 @@ def train_on_grid(t: Training, dp: int, tp: int, steps: int | None = None) -> li
 
 def average_gradients(params: Sequence[Tensor], group: dist.Group) -> None:
     """Replace every ``p.grad`` by its mean over ``group``: one all-reduce of all of them."""
-    grads: list[Any] = [p.grad for p in params]
-    flat = np.concatenate([np.ravel(g) for g in grads])
+    grads = [_gradient(p) for p in params]
+    flat = np.concatenate([g.ravel() for g in grads])
     mean = np.asarray(dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group))
-    offsets = np.cumsum([0] + [np.size(g) for g in grads])
-    for p, start, end in zip(params, offsets[:-1], offsets[1:], strict=True):
-        p.grad = mean[start:end].reshape(np.shape(p.grad))
+    offsets = np.cumsum([0] + [g.size for g in grads])
+    for p, g, start, end in zip(params, grads, offsets[:-1], offsets[1:], strict=True):
+        p.grad = mean[start:end].reshape(g.shape)
