@@ -140,6 +140,21 @@ FAMILIES: tuple[Family, ...] = (
         "(without, with, with, without), with identical grades.",
     ),
     Family(
+        "training",
+        "Training steps: the capstone on a 2 × 2 grid against one process",
+        "benchmarks.training:measure",
+        3,
+        "Lesson 15's transformer (`chainrule.transformer`: 2 layers, width 32, 8 sequences of "
+        "16 characters per step), in time per training step (forward, backward, the gradient "
+        "average and the SGD step), each sample a whole run of 20 steps. The simulated 2 × 2 "
+        "grid (float64) alternates with one process in the same interpreter; the 4 gloo "
+        "processes (float32) are timed on rank 0 between two barriers, after a warm-up run, "
+        "alternating with one process in float32. On 2 cores 4 processes share the machine, "
+        "and each step waits for 10 collectives of the rows and columns. *agree*: the grid's "
+        "loss curve equals one process's (1e-10 in float64, within four times float32's own "
+        "rounding on gloo).",
+    ),
+    Family(
         "redistribute",
         "Redistribution against PyTorch's DTensor (gloo, 2 processes)",
         "benchmarks.redistribute:measure",

@@ -25,6 +25,7 @@ from benchmarks import (
     report,
     sim_collectives,
     startup,
+    training,
 )
 
 ROW_FIELDS = {"key", "label", "seconds", "baseline", "baseline_seconds", "ratio", "extra"}
@@ -156,6 +157,13 @@ def test_redistribute_rows():
             "redistribute.partial_to_shard0.1KB",
         ],
     )
+    assert all(row["extra"]["agree"] is True and row["baseline"] for row in rows)
+
+
+@pytest.mark.slow
+def test_training_rows():
+    rows = training.collect(steps=2, repeat=1, width=16)
+    check_rows(rows, ["training.capstone_sim", "training.capstone_gloo"])
     assert all(row["extra"]["agree"] is True and row["baseline"] for row in rows)
 
 
