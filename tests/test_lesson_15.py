@@ -23,6 +23,8 @@ def test_lesson_15_a_transformer_on_four_ranks_equals_one_process():
         "[expected_row, expected_column, tokens_per_row, sharded_parameters]",
         "[one_process_seconds, sim_seconds, gloo_seconds]",
         "[len(ids), len(chars), parameter_count]",
+        "(setattr(grid_widget.controls['layout'], 'value', '4 × 1 (data parallel only)'), "
+        "grid_widget.last_result.row_bytes, grid_widget.last_result.gap)[1:]",
     ]
     nb, v = run_lesson(lesson(15), fetch)
     assert v["places"] == [
@@ -45,6 +47,8 @@ def test_lesson_15_a_transformer_on_four_ranks_equals_one_process():
     assert sum(v[fetch[9]]) < 60
     characters, vocabulary, parameters = v[fetch[10]]
     assert characters > 5000 and 40 < vocabulary < 120 and parameters > 10000
+    row_bytes, gap = v[fetch[11]]
+    assert row_bytes == [0, 0, 0, 0] and gap < 1e-12
     texts = "\n".join(output_texts(nb, "text/markdown"))
     assert "tolerance 4δ" in texts and f"{int(expected_row)} bytes" in texts
     assert len([t for t in output_texts(nb, "text/markdown") if "data:image/png" in t]) == 1
