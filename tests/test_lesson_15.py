@@ -17,7 +17,7 @@ def test_lesson_15_a_transformer_on_four_ranks_equals_one_process():
         "ranks_agree",
         "[len(one_process), STEPS]",
         "float(one_process[0] - one_process[-1])",
-        "[float32_rounding, tolerance, gloo_gap]",
+        "[float32_rounding, tolerance, gloo_gap, summed_gap]",
         "[2.0**-24]",
         "{str(r): [len(per_rank[r]), row, column] for r, (row, column) in sent.items()}",
         "[expected_row, expected_column, tokens_per_row, sharded_parameters]",
@@ -36,8 +36,9 @@ def test_lesson_15_a_transformer_on_four_ranks_equals_one_process():
     assert v["sim_gap"] < 1e-10 and v["ranks_agree"]
     assert v["[len(one_process), STEPS]"] == [40, 40]
     assert v["float(one_process[0] - one_process[-1])"] > 1.0  # it learns
-    rounding, tolerance, gloo_gap = v["[float32_rounding, tolerance, gloo_gap]"]
+    rounding, tolerance, gloo_gap, summed_gap = v[fetch[5]]
     assert 0 < rounding < 1e-4 and tolerance == 4 * rounding and gloo_gap <= tolerance
+    assert summed_gap > 1e-2  # a wrong program lands far outside the tolerance
     expected_row, expected_column, tokens, sharded = v[fetch[8]]
     # 2 layers × 4 all-reduces of (tokens, width) float64 activations on 2 ranks: 2·(1/2)·n each
     assert tokens == 8 // 2 * 16 and expected_row == 4 * 2 * tokens * 32 * 8
