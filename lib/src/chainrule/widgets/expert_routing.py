@@ -68,7 +68,15 @@ def plot_routing(view: RoutingView) -> Figure:
     ax.bar(where, dropped, bottom=slots, color=DROPPED, hatch="//", label="dropped")
     ax.axhline(slots, color="black", lw=1, ls="--")
     top = max(float(slots + dropped.max()), 1.0)
-    ax.text(where[-1] + 0.5, slots, f" P·C = {slots}", va="bottom", ha="right", fontsize=9)
+    ax.text(
+        1.01,
+        slots,
+        f"P·C = {slots}",
+        transform=ax.get_yaxis_transform(),
+        ha="left",
+        va="center",
+        fontsize=9,
+    )
     ax.set_xticks(where, [f"e{e}" for e in range(E)], fontsize=9)
     share = E // r.world_size
     for p in range(r.world_size):
