@@ -234,11 +234,6 @@ def expert_ffn(tokens: Tensor, w1: Tensor, w2: Tensor) -> Tensor:
     return (tokens @ w1).tanh() @ w2
 
 
-def _gate(probabilities: Tensor, routing: Routing) -> Tensor:
-    """``g_t = s_t[expert[t]]``, each token's probability of its own expert."""
-    return probabilities[np.arange(routing.tokens), routing.expert]
-
-
 def expert_parallel_moe(
     x: ArrayLike,
     router: Tensor,
@@ -264,7 +259,8 @@ def expert_parallel_moe(
     mine = duality.all_to_all_ranks(buffer, split_axis=0, concat_axis=1)  # (E/P, P·C, d)
     out = expert_ffn(mine, w1, w2)
     back = duality.all_to_all_ranks(out, split_axis=1, concat_axis=0)  # (E, C, d)
-    return x + combine(back, _gate(probabilities, routing), routing), routing
+    gate = probabilities[np.arange(x.shape[0]), routing.expert]  # g_t = s_t[e_t]
+    return x + combine(back, gate, routing), routing
 
 
 def one_process_moe(
