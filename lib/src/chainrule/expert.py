@@ -129,7 +129,7 @@ def expert_capacity(tokens: int, num_experts: int, capacity_factor: float) -> in
     if not capacity_factor > 0:
         raise ValueError(f"the capacity factor must be positive, got {capacity_factor!r}")
     c = Fraction(capacity_factor).limit_denominator(10**6)
-    return max(1, math.ceil(c * tokens / num_experts))
+    return math.ceil(c * tokens / num_experts)
 
 
 @dataclass(frozen=True)
