@@ -10,7 +10,8 @@ Distributed training
     :mod:`chainrule.dist` (collectives with one API on a simulated world of P ranks or on
     torch.distributed), :mod:`chainrule.duality` and :mod:`chainrule.duality_torch` (the duality
     table as differentiable collectives), :mod:`chainrule.data_parallel`,
-    :mod:`chainrule.tensor_parallel`; :mod:`chainrule.placement` and :mod:`chainrule.sharded`
+    :mod:`chainrule.tensor_parallel`, :mod:`chainrule.expert` (experts on P ranks, tokens
+    dispatched by all-to-all); :mod:`chainrule.placement` and :mod:`chainrule.sharded`
     (tensors placed on P ranks, redistributed by rows of the duality table),
     :mod:`chainrule.placement_dtensor` (the same against PyTorch's DTensor),
     :mod:`chainrule.comm_cost` (the bytes and time of a collective).
