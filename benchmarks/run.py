@@ -141,7 +141,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "training",
-        "Training steps: the capstone on a 2 × 2 grid against one process",
+        "Training steps: the capstone on a 2 × 2 grid, and data parallelism from scratch",
         "benchmarks.training:measure",
         3,
         "Lesson 15's transformer (`chainrule.transformer`: 2 layers, width 32, 8 sequences of "
@@ -152,7 +152,12 @@ FAMILIES: tuple[Family, ...] = (
         "alternating with one process in float32. On 2 cores 4 processes share the machine, "
         "and each step waits for 10 collectives of the rows and columns. *agree*: the grid's "
         "loss curve equals one process's (1e-10 in float64, within four times float32's own "
-        "rounding on gloo).",
+        "rounding on gloo). Then the solution of the exercise `training/ex1_ddp_buckets` (its "
+        "`source/` cells as they stand) against `torch.nn.parallel.DistributedDataParallel` "
+        "with the same bucket size (1 MiB), on 2 gloo processes: one sample is 5 training "
+        "steps (forward, mean squared error, backward, the wait for the gradients, SGD) of "
+        "the same 4-layer MLP of width 1024, alternating on rank 0 after a barrier; *agree*: "
+        "both end with the same parameters.",
     ),
     Family(
         "redistribute",

@@ -163,8 +163,15 @@ def test_redistribute_rows():
 @pytest.mark.slow
 def test_training_rows():
     rows = training.collect(steps=2, repeat=1, width=16)
-    check_rows(rows, ["training.capstone_sim", "training.capstone_gloo"])
+    rows += training.ddp_rows(width=32, layers=2, cap_bytes=1 << 12, steps=1, repeat=1)
+    check_rows(rows, ["training.capstone_sim", "training.capstone_gloo", "training.ddp_buckets"])
     assert all(row["extra"]["agree"] is True and row["baseline"] for row in rows)
+
+
+def test_the_ddp_benchmark_runs_the_exercises_solution_without_its_markers():
+    code = training.solution_code()
+    assert "class BucketedDataParallel" in code and "register_post_accumulate_grad_hook" in code
+    assert "### BEGIN SOLUTION" not in code and "### END SOLUTION" not in code
 
 
 @pytest.mark.slow
