@@ -13,7 +13,8 @@ Distributed training
     :mod:`chainrule.tensor_parallel`; :mod:`chainrule.placement` and :mod:`chainrule.sharded`
     (tensors placed on P ranks, redistributed by rows of the duality table),
     :mod:`chainrule.placement_dtensor` (the same against PyTorch's DTensor),
-    :mod:`chainrule.comm_cost` (the bytes and time of a collective).
+    :mod:`chainrule.comm_cost` (the bytes and time of a collective), :mod:`chainrule.zero`
+    (ZeRO stages 0-3: optimizer state, gradients and parameters sharded).
 The course
     :mod:`chainrule.widgets` (the lessons' interactive views), :mod:`chainrule.grading`
     (autograding the exercises), :mod:`chainrule.checks`.
