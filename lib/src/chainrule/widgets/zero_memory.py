@@ -30,6 +30,7 @@ OPTIMIZERS: dict[str, tuple[int, int, int]] = {
 PARTS = ("parameters", "gradients", "optimizer state")
 COLOURS = ("#7a9cc6", "#e39b54", "#76b37a")
 SHARDED = {0: "nothing", 1: "optimizer state", 2: "+ gradients", 3: "+ parameters"}
+STAGE_LABELS = {s: f"stage {s}: {SHARDED[s]} sharded" for s in zero.STAGES}
 DEVICE_GB = 80.0
 """The memory of one accelerator the picture compares with (an 80 GB GPU)."""
 
@@ -97,7 +98,7 @@ def zero_table(result: ZeroMemory) -> str:
 
 def plot_zero_memory(result: ZeroMemory) -> Figure:
     """Stacked bars: GB per rank of each stage, by part, with a line at one device's memory."""
-    figure = Figure(figsize=(7.2, 3.4))
+    figure = Figure(figsize=(8.8, 3.4))
     ax = figure.add_subplot()
     stages = np.array(zero.STAGES)
     bottom = np.zeros(len(stages))
@@ -115,7 +116,7 @@ def plot_zero_memory(result: ZeroMemory) -> Figure:
     ax.set_ylabel("GB per rank", fontsize=9)
     ax.set_ylim(0, 1.18 * top)
     ax.tick_params(labelsize=9)
-    ax.legend(fontsize=9, frameon=False, loc="upper right")
+    ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"Ψ = {result.psi / 1e9:g} B parameters, P = {result.world_size}", fontsize=10)
     figure.tight_layout()
     return figure
@@ -139,3 +140,32 @@ def build_zero_memory_widget(
         ),
     }
     return LiveWidget(controls, compute, zero_table, plot_zero_memory)
+
+
+def plot_memory_against_p(
+    measured: dict[int, dict[int, zero.Memory]], psi: int, itemsize: int = 8
+) -> Figure:
+    """Bytes of model states per rank against P, one colour per stage: measured from a rank's
+    arrays (dots; stage 3 also with its gathered layer, rings) and by the model (lines, Ψ
+    unpadded, ``itemsize`` bytes for parameters, gradients and the momentum)."""
+    figure = Figure(figsize=(8.4, 3.4))
+    ax = figure.add_subplot()
+    colours = ("#555555", "#1f77b4", "#ff7f0e", "#2ca02c")
+    for stage, colour in zip(zero.STAGES, colours, strict=True):
+        ranks = sorted(measured[stage])
+        grid = np.arange(1, max(ranks) + 1)
+        model = [sum(zero.memory_model(psi, int(P), stage, (itemsize,) * 3)) for P in grid]
+        ax.plot(grid, model, "-", color=colour, lw=1)
+        ax.plot(ranks, [measured[stage][P].model_states for P in ranks], "o", color=colour,
+                ms=5, label=STAGE_LABELS[stage])  # fmt: skip
+        if stage == 3:
+            ax.plot(ranks, [measured[stage][P].total for P in ranks], "o", mfc="none",
+                    color=colour, ms=7, label="stage 3 with its gathered layer")  # fmt: skip
+    ax.set_xlabel("ranks P", fontsize=9)
+    ax.set_ylabel("bytes per rank", fontsize=9)
+    ax.set_ylim(0, None)
+    ax.tick_params(labelsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    return figure
