@@ -63,12 +63,6 @@ from chainrule.placement import Partial, Placement, Replicate, Shard, Transition
 from chainrule.tensor import Tensor, no_grad
 
 STAGES = (0, 1, 2, 3)
-STAGE_NAMES = {
-    0: "stage 0: data parallel",
-    1: "stage 1: optimizer state sharded",
-    2: "stage 2: + gradients sharded",
-    3: "stage 3: + parameters sharded (FSDP)",
-}
 ADAM_MIXED_PRECISION = (2, 2, 12)
 """Bytes per parameter of the ZeRO paper's model: fp16 θ, fp16 g, fp32 copy of θ, m and v."""
 
@@ -116,7 +110,7 @@ def init_params(
 ) -> Params:
     """Each layer's parameters, uniform in ``±1/√d_in`` (as :class:`chainrule.nn.Linear`)."""
     return [
-        [rng.uniform(-1, 1, shape).astype(dtype) / np.sqrt(layer.d_in) for shape in layer.shapes]
+        [(rng.uniform(-1, 1, shape) / np.sqrt(layer.d_in)).astype(dtype) for shape in layer.shapes]
         for layer in layers
     ]
 
@@ -202,14 +196,20 @@ GATHER: Transition = transition(Shard(0), Replicate(), fan_out=True)
 """θ's placement change before a layer at stage 3: the all-gather row (reduce-scatter backward)."""
 
 
-def gather_layer(layer: Linear, layout: FlatLayout, shard: Tensor, x: Tensor) -> Tensor:
+def gather_layer(
+    layer: Linear, layout: FlatLayout, shard: Tensor, x: Tensor, seen: list[int] | None = None
+) -> Tensor:
     """The layer on the parameters gathered from every rank's shard (differentiable in both).
 
     ``GATHER.apply(shard)`` all-gathers the flat buffer; the backward of that transition is a
     reduce-scatter, so ``shard.grad`` receives chunk p of ``Σ_q ∇_θ(L_q/P)``: this rank's
-    chunk of the gradient, already summed over ranks.
+    chunk of the gradient, already summed over ranks. The gathered buffer stays in the graph
+    until the backward has used it. ``seen`` receives its bytes.
     """
-    return layer(layout.unflatten(GATHER.apply(shard)), x)
+    full = GATHER.apply(shard)
+    if seen is not None:
+        seen.append(full.data.nbytes)
+    return layer(layout.unflatten(full), x)
 
 
 def resharded_layer(
@@ -264,8 +264,8 @@ def memory_model(
     """(parameters, gradients, optimizer state) bytes per rank by the ZeRO paper's model.
 
     ``bytes_per_param`` = (b_θ, b_g, b_s); the default is mixed-precision Adam, (2, 2, 12).
-    A sharded state takes 1/P of its bytes: stage s shards the last s of (θ, g, state) read
-    backwards, i.e. stage 1 the state, stage 2 also g, stage 3 also θ.
+    A sharded state takes 1/P of its bytes: stage 1 shards the state, stage 2 also g, stage 3
+    also θ.
     """
     _check_stage(stage)
     b_param, b_grad, b_state = bytes_per_param
@@ -283,9 +283,10 @@ class Zero:
 
     ``flat[k]`` is group k's parameter buffer (the full one for stages 0–2, this rank's chunk
     for stage 3), ``grad[k]`` its gradient as held after the step's reduction (full for stages
-    0–1, the chunk for 2–3), ``momentum[k]`` its momentum buffer (full for stage 0, the chunk
-    otherwise). ``reshard``: at stage 3, gather each layer's θ again in the backward instead of
-    keeping it from the forward.
+    0–1, the chunk for 2–3), ``velocity[k]`` its momentum buffer v, the optimizer state (full
+    for stage 0, the chunk otherwise); ``gathered`` the bytes of each layer's parameters
+    gathered in the last forward pass (stage 3). ``reshard``: at stage 3, gather each layer's θ
+    again in the backward instead of keeping it from the forward.
     """
 
     layers: list[Linear]
@@ -295,21 +296,28 @@ class Zero:
     reshard: bool = True
     flat: list[np.ndarray] = field(default_factory=list)
     grad: list[np.ndarray] = field(default_factory=list)
-    moment: list[np.ndarray] = field(default_factory=list)
+    velocity: list[np.ndarray] = field(default_factory=list)
     gathered: list[int] = field(default_factory=list)
 
     @classmethod
     def create(
-        cls, layers: Sequence[Linear], params: Params, stage: int, lr: float, **kw: float
+        cls,
+        layers: Sequence[Linear],
+        params: Params,
+        stage: int,
+        lr: float,
+        momentum: float = 0.9,
+        reshard: bool = True,
     ) -> Zero:
         """Lay the (replicated) initial ``params`` out flat and keep what this rank holds."""
-        zero = cls(list(layers), stage, lr, **kw)  # type: ignore[arg-type]
+        _check_stage(stage)
+        zero = cls(list(layers), stage, lr, momentum, reshard)
         rank = dist.rank()
         for layout, group in zip(zero.layouts, groups(layers, stage), strict=True):
             flat = layout.flatten([a for i in group for a in params[i]])
             mine = flat[layout.owned(rank)].copy()
             zero.flat.append(mine if stage == 3 else flat)
-            zero.moment.append(np.zeros_like(flat if stage == 0 else mine))
+            zero.velocity.append(np.zeros_like(flat if stage == 0 else mine))
             zero.grad.append(np.zeros_like(mine if stage >= 2 else flat))
         return zero
 
@@ -335,8 +343,7 @@ class Zero:
             if self.reshard:
                 x = resharded_layer(layer, layout, shard, x, self.gathered)
             else:
-                x = gather_layer(layer, layout, shard, x)
-                self.gathered.append(layout.padded * shard.data.itemsize)
+                x = gather_layer(layer, layout, shard, x, self.gathered)
         return x, shards
 
     def reduce_gradients(self, leaves: Sequence[Tensor]) -> list[np.ndarray]:
@@ -359,11 +366,11 @@ class Zero:
         the updated θ (``Shard(0) → Replicate``)."""
         rank = dist.rank()
         for k, (layout, g) in enumerate(zip(self.layouts, grads, strict=True)):
-            self.moment[k] = self.momentum * self.moment[k] + g
+            self.velocity[k] = self.momentum * self.velocity[k] + g
             if self.stage in (0, 3):
-                self.flat[k] = self.flat[k] - self.lr * self.moment[k]
+                self.flat[k] = self.flat[k] - self.lr * self.velocity[k]
             else:
-                mine = self.flat[k][layout.owned(rank)] - self.lr * self.moment[k]
+                mine = self.flat[k][layout.owned(rank)] - self.lr * self.velocity[k]
                 self.flat[k] = np.asarray(dist.all_gather(mine))
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
@@ -383,7 +390,7 @@ class Zero:
         return Memory(
             parameters=sum(a.nbytes for a in self.flat),
             gradients=sum(a.nbytes for a in self.grad),
-            optimizer_state=sum(a.nbytes for a in self.moment),
+            optimizer_state=sum(a.nbytes for a in self.velocity),
             gathered=max(self.gathered, default=0) if self.reshard else sum(self.gathered),
         )
 
@@ -393,8 +400,9 @@ class Zero:
 
 @dataclass(frozen=True)
 class Result:
-    """Losses per step (the mean over ranks, = the full-batch loss), the final parameters
-    (assembled from the ranks' chunks at stage 3) and rank 0's memory and flat buffers."""
+    """Losses per step (the mean of the ranks' L_p, = the full-batch loss), the final
+    parameters of each layer (assembled from the ranks' chunks at stage 3) and what rank 0
+    holds (:meth:`Zero.memory`)."""
 
     losses: list[float]
     params: Params
