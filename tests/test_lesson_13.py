@@ -4,7 +4,9 @@ a readable picture."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from chainrule import zero
 from notebook_runner import lesson, output_texts, run_lesson
 
 pytestmark = pytest.mark.slow
@@ -34,7 +36,11 @@ def test_lesson_13_zero_and_fully_sharded_data_parallelism():
     assert paper == pytest.approx(
         {0: 16 * psi, 1: 4 * psi + 12 * psi / P, 2: 2 * psi + 14 * psi / P, 3: 16 * psi / P}
     )
-    assert v["paper_rows"]["0"] == [2 * psi, 2 * psi, 12 * psi]
+    parts = {int(s): p for s, p in v["paper_rows"].items()}
+    assert parts[0] == [2 * psi, 2 * psi, 12 * psi]
+    assert parts[1] == pytest.approx([2 * psi, 2 * psi, 12 * psi / P])
+    assert parts[2] == pytest.approx([2 * psi, 2 * psi / P, 12 * psi / P])
+    assert parts[3] == pytest.approx([2 * psi / P, 2 * psi / P, 12 * psi / P])
 
     psi_small, padded, chunk, layout_rows = v[fetch[1]]
     assert psi_small == 419 and all(psi_small % p for p in range(2, psi_small))  # prime
@@ -75,7 +81,21 @@ def test_lesson_13_zero_and_fully_sharded_data_parallelism():
     ]  # fmt: skip
 
     ref_losses, gloo, gloo_errors, tolerance, roundings, update_size = v[fetch[8]]
-    assert len(ref_losses) == 4 and ref_losses[-1] < ref_losses[0]
+    layers = zero.mlp([5, 16, 16, 3])
+    rng = np.random.default_rng(1)
+    params = zero.init_params(layers, rng)
+    batches = [(rng.standard_normal((24, 5)), rng.standard_normal((24, 3))) for _ in range(4)]
+    losses, _ = zero.train_one_process(layers, params, batches, 0.2, 0.8)
+    assert ref_losses == pytest.approx(losses, rel=1e-12) and ref_losses[-1] < ref_losses[0]
+    params32 = [[a.astype(np.float32) for a in layer] for layer in params]
+    batches32 = [(x.astype(np.float32), y.astype(np.float32)) for x, y in batches]
+    _, trained32 = zero.train_one_process(layers, params32, batches32, 0.2, 0.8)
+    moved = max(
+        float(np.abs(a - b).max())
+        for la, lb in zip(trained32, params32, strict=True)
+        for a, b in zip(la, lb, strict=True)
+    )
+    assert update_size == pytest.approx(moved)
     assert len(v["train_errors"]) == 16
     for key, (param_error, loss_error) in v["train_errors"].items():
         assert param_error < 1e-12 and loss_error < 1e-12, key

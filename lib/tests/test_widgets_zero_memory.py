@@ -25,7 +25,7 @@ def test_traffic_is_two_then_three_times_the_parameters():
         assert result.sent_bytes(s) == pytest.approx(2 * f * 2 * psi)  # fp16: 2 bytes each
     assert result.sent_bytes(3) == pytest.approx(3 * f * 2 * psi)
     table = zm.zero_table(result)
-    assert "1.5×" in table and "reduce-scatter of g (backward)" in table
+    assert "1.5×" in table and "all-gather θ, all-gather θ, reduce-scatter g" in table
 
 
 def test_one_rank_sends_nothing_and_the_table_says_so():

@@ -75,9 +75,7 @@ def zero_table(result: ZeroMemory) -> str:
     base = result.sent_bytes(0)
     rows = []
     for s in zero.STAGES:
-        collectives = ", ".join(
-            f"{op.replace('_', '-')} of {t} ({p})" for p, op, t, _ in result.sent[s]
-        )
+        collectives = ", ".join(f"{op.replace('_', '-')} {t}" for _, op, t, _ in result.sent[s])
         ratio = f"{result.sent_bytes(s) / base:.2g}×" if base else "-"
         rows.append(
             (s, SHARDED[s], *(gigabytes(b) for b in result.held[s]), gigabytes(result.total(s)),
@@ -86,12 +84,12 @@ def zero_table(result: ZeroMemory) -> str:
         )  # fmt: skip
     head = (
         f"<p>Ψ = {result.psi / 1e9:g} billion parameters on P = {result.world_size} ranks, "
-        f"{result.optimizer}; GB per rank (10⁹ bytes).</p>"
+        f"{result.optimizer}. GB per rank (10⁹ bytes) held, and sent per step; stage 3 gathers θ "
+        "in the forward and again in the backward.</p>"
     )
     return head + html_table(
         ["stage", "sharded", "parameters", "gradients", "optimizer state", "total",
-         f"fits in {DEVICE_GB:g} GB", "collectives of one step", "GB sent per step",
-         "× data parallel"],
+         f"fits {DEVICE_GB:g} GB", "collectives per step", "GB sent", "× data parallel"],
         rows,
     )  # fmt: skip
 
