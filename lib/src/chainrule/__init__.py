@@ -14,7 +14,9 @@ Distributed training
     dispatched by all-to-all); :mod:`chainrule.placement` and :mod:`chainrule.sharded`
     (tensors placed on P ranks, redistributed by rows of the duality table),
     :mod:`chainrule.placement_dtensor` (the same against PyTorch's DTensor),
-    :mod:`chainrule.comm_cost` (the bytes and time of a collective).
+    :mod:`chainrule.comm_cost` (the bytes and time of a collective), :mod:`chainrule.zero`
+    (ZeRO stages 0-3: optimizer state, gradients and parameters sharded),
+    :mod:`chainrule.transformer` (a small language model trained on a dp × tp grid of ranks).
 The course
     :mod:`chainrule.widgets` (the lessons' interactive views), :mod:`chainrule.grading`
     (autograding the exercises), :mod:`chainrule.checks`.

@@ -17,7 +17,9 @@ nothing, so the modules stay independent of each other.
 - :mod:`.parallel_blocks`: a parallel block's placements and collectives, and its activation
   memory (lessons 10 and 11).
 - :mod:`.comm_cost`: measured collectives against the α–β model, bytes per step (lesson 12).
+- :mod:`.zero_memory`: memory per rank and traffic per step of the ZeRO stages (lesson 13).
 - :mod:`.expert_routing`: expert loads against capacity, drops, padding, bytes (lesson 14).
+- :mod:`.grid_traffic`: one traced step of the capstone on a dp × tp grid (lesson 15).
 - :mod:`.live_widget`: the thin live view shared by those widgets.
 - :mod:`.tables`: tables and numbers as the lessons print them.
 - :mod:`.source`: a library function's source, shown on the page.
