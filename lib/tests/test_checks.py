@@ -313,3 +313,40 @@ def test_own_autograd_function_passes_and_borrowed_ones_fail(fake_library):
     assert "must be a class" in failure(
         fb.expect_own_autograd_function, torch.nn.functional.relu, "Copy", ("fakelib",)
     )
+
+
+WRAPPER_CELL = """
+class Wrapper:
+    def __init__(self, module):
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+"""
+
+
+def test_own_class_passes_and_borrowed_ones_fail(fake_library):
+    own = notebook_cell(WRAPPER_CELL, name="wrapper")["Wrapper"]
+    fb.expect_own_class(own, "Wrapper", library=("fakelib",))
+
+    imported = notebook_cell(WRAPPER_CELL, {"__name__": "fakelib.duality"}, "lib")["Wrapper"]
+    message = failure(fb.expect_own_class, imported, "Wrapper", ("fakelib",))
+    assert "define the class yourself" in message
+
+    subclass = notebook_cell(
+        "class Wrapper(Base):\n    def forward(self, x):\n        return x\n",
+        {"__name__": "__main__", "Base": fake_library.Base},
+        "sub",
+    )["Wrapper"]
+    message = failure(fb.expect_own_class, subclass, "Wrapper", ("fakelib",))
+    assert "must be your own code, but it subclasses fakelib.duality.Base" in message
+
+    calling = notebook_cell(
+        WRAPPER_CELL.replace("return self.module(x)", "return fakelib.duality.gather(x)")
+        + "import fakelib\n",
+        name="calling",
+    )["Wrapper"]
+    message = failure(fb.expect_own_class, calling, "Wrapper", ("fakelib",))
+    assert "Wrapper.forward calls the library's solution" in message
+
+    assert "must be a class" in failure(fb.expect_own_class, len, "Wrapper", ("fakelib",))

@@ -258,6 +258,17 @@ def test_library_uses_inside_functions_under_aliases_and_by_name_are_found():
         assert expected in found, found
 
 
+def test_a_library_path_spelled_out_after_another_cells_import_is_found():
+    # ``torch`` comes from the notebook's own setup cell, not from the student's.
+    cells = [("a", "class W(torch.nn.parallel.DistributedDataParallel):\n    pass\n")]
+    found = [f.describe() for f in library_uses(cells, ("torch.nn.parallel",))]
+    assert found == [
+        "cell a, line 1: uses torch.nn.parallel.DistributedDataParallel "
+        "(`class W(torch.nn.parallel.DistributedDataParallel):`)"
+    ]
+    assert library_uses([("b", "y = torch.nn.functional.relu(x)\n")], ("torch.nn.parallel",)) == []
+
+
 def test_code_that_reaches_into_the_grader_is_found_and_honest_code_is_not():
     honest = [
         (

@@ -513,6 +513,52 @@ def expect_own_function(
     _raise_library_use(what, library_uses(_own_source(function), library), advice)
 
 
+def expect_own_class(
+    cls: Any, what: str, library: Sequence[str], module: str = NOTEBOOK_MODULE
+) -> None:
+    """Assert that ``cls`` is a class written in the notebook, none of it from ``library``.
+
+    It must be defined with ``class`` in a notebook cell (not imported, not a library class
+    under a new name, not a subclass of one), none of its methods may call into ``library``,
+    and no cell of the student's may use the ``library`` modules.
+    """
+    advice = "Write it yourself with torch.distributed's collectives."
+    if _is_remote(cls):
+        name = cls.remote_path.split(".")[-1]
+        label, _ = _expect_defined_in_cells(name, what, ast.ClassDef, f"write `class {name}`")
+        _raise_library_use(what, _library_uses_of(label, library), advice)
+        return
+    if not isinstance(cls, type):
+        raise AssertionError(
+            f"{what} must be a class defined with `class` in the solution cell; received "
+            f"{type(cls).__name__} {cls!r}."[:400]
+        )
+    if cls.__module__ != module:
+        raise AssertionError(
+            f"{what} is {cls.__module__}.{cls.__qualname__}: define the class yourself in the "
+            "solution cell instead of importing it."
+        )
+    borrowed = [b for b in cls.__mro__[1:] if _in_library(_module_name(b), library)]
+    if borrowed:
+        raise AssertionError(
+            f"{what} must be your own code, but it subclasses {borrowed[0].__module__}."
+            f"{borrowed[0].__qualname__}, the library's solution. {advice}"
+        )
+    methods = [getattr(v, "__func__", v) for v in vars(cls).values()]
+    methods = [m for m in methods if isinstance(m, types.FunctionType)]
+    if not methods:
+        raise AssertionError(f"{what} has no methods of its own: write them in the class.")
+    for method in methods:
+        references = library_references(method, library)
+        if references:
+            raise AssertionError(
+                f"{what}.{method.__name__} calls the library's solution "
+                f"({', '.join(references)}). {advice}"
+            )
+    source = [(f"defining {cls.__name__}", text) for _, text in _own_source(methods[0])]
+    _raise_library_use(what, library_uses(source, library), advice)
+
+
 def graph_vjp_modules(output: Any, stop: Any = None) -> list[str]:
     """The modules of the VJP functions on the graph from ``output`` back to the leaves.
 

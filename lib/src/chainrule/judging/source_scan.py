@@ -167,6 +167,8 @@ def library_uses(
     for label, source, tree in parsed:
         if tree is None:
             continue
+        # Attributes that are the object of a longer chain (``torch.nn`` in ``torch.nn.parallel``).
+        inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -185,6 +187,10 @@ def library_uses(
                 full = f"{aliases.get(first, first)}.{rest}" if rest else dotted
                 if first in aliases and forbidden(full) and not forbidden(aliases[first]):
                     flag(label, source, node, f"uses {full}")
+                elif first not in aliases and id(node) not in inner and forbidden(dotted):
+                    # A module path spelled out whose first name another cell imported
+                    # (``torch.nn.parallel.DistributedDataParallel`` after the setup's torch).
+                    flag(label, source, node, f"uses {dotted}")
             elif isinstance(node, ast.Name) and node.id in DYNAMIC_CODE:
                 flag(label, source, node, f"runs or imports code by name ({node.id})")
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
