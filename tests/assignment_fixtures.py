@@ -1,6 +1,7 @@
 """Submissions of the course's assignments, built from their releases, and their grading.
 
-An :class:`Assignment` is one folder of ``source/`` (``check_yourself``, ``sharded``): its
+An :class:`Assignment` is one folder of ``source/`` (``check_yourself``, ``sharded``,
+``training``): its
 notebooks, its release and its fixtures. A submission is the release notebook with its solution
 cells filled in: with the instructor's solutions (from ``source/``), or with a fixture variant
 from ``tests/fixtures/<assignment>/<notebook>.py`` that replaces some of them. Grading always
@@ -254,7 +255,8 @@ class Assignment:
 
 CHECK_YOURSELF = Assignment("check_yourself")
 SHARDED = Assignment("sharded")
-ASSIGNMENTS = (CHECK_YOURSELF, SHARDED)
+TRAINING = Assignment("training")
+ASSIGNMENTS = (CHECK_YOURSELF, SHARDED, TRAINING)
 """Every assignment of the course, in the order of the lessons they follow."""
 
 

@@ -1,5 +1,5 @@
-"""Grading outcomes of every assignment (check_yourself, sharded), autograded in a temporary copy
-of the course, one batch per assignment.
+"""Grading outcomes of every assignment (check_yourself, sharded, training), autograded in a
+temporary copy of the course, one batch per assignment.
 
 Students, each a submission built from the assignment's release:
 

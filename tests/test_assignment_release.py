@@ -1,5 +1,5 @@
-"""Every assignment (check_yourself, sharded): its release is generated from its source, and
-both are sound.
+"""Every assignment (check_yourself, sharded, training): its release is generated from its
+source, and both are sound.
 
 The release must be exactly what ``nbgrader generate_assignment <assignment> --force`` makes of
 ``source/`` now; the notebooks must carry proper nbgrader metadata; no solution, hidden test or

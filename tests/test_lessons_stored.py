@@ -10,17 +10,18 @@ import re
 
 import nbformat
 import pytest
+from assignment_fixtures import ASSIGNMENTS as COURSE_ASSIGNMENTS
 from notebook_runner import COURSE, REPO, lesson_notebooks, markdown_text
 
 NOTEBOOKS = lesson_notebooks()
 LESSONS = NOTEBOOKS[1:]
-ASSIGNMENTS = ("check_yourself", "sharded")
+ASSIGNMENTS = tuple(a.name for a in COURSE_ASSIGNMENTS)
 EXERCISES = sorted(
     f"{assignment}/{p.name}"
     for assignment in ASSIGNMENTS
     for p in (REPO / "release" / assignment).glob("ex*.ipynb")
 )
-EXERCISE_LINK = r"\(\.\./release/((?:check_yourself|sharded)/[^)]+)\)"
+EXERCISE_LINK = rf"\(\.\./release/((?:{'|'.join(ASSIGNMENTS)})/[^)]+)\)"
 
 # Numbers the syllabus derives (its worked example, the 900/300 weights, float16's largest
 # value, the crossover of lesson 1): the lessons show them as outputs of code, never in prose.
@@ -46,6 +47,9 @@ ANSWERS = {
     r"copy_to_ranks\(x @ w[kv]",
     "sharded ex3: the collectives written by hand, the norm weight's gradient": r"gather_sequence|"
     r"scatter_sequence|sp_region|norm weight|\\bar\\gamma",
+    "training ex2: Adam's moments sharded by hand (ZeRO-1)": r"ZeroAdam|exp_avg_sq|torch\.optim",
+    "training ex3: the all-to-all with uneven split sizes and its transpose": r"output_split_sizes|"
+    r"input_split_sizes",
 }
 
 

@@ -513,6 +513,51 @@ def expect_own_function(
     _raise_library_use(what, library_uses(_own_source(function), library), advice)
 
 
+def expect_own_class(
+    cls: Any, what: str, library: Sequence[str], module: str = NOTEBOOK_MODULE
+) -> None:
+    """Assert that ``cls`` is a class written in the notebook whose code uses no ``library``.
+
+    It must be defined with ``class`` in a notebook cell, every method of it written there, and
+    no cell of the student's may use the ``library`` modules: not at the top of a cell, not in
+    a method, under no alias (``torch.optim.Adam`` inside a method counts, with ``torch``
+    imported by the notebook's own cells).
+    """
+    advice = "Write it yourself from torch's tensor operations and collectives."
+    if _is_remote(cls):
+        name = cls.remote_path.split(".")[-1]
+        label, _ = _expect_defined_in_cells(name, what, ast.ClassDef, f"write `class {name}:`")
+        _raise_library_use(what, _library_uses_of(label, library), advice)
+        return
+    if not isinstance(cls, type):
+        raise AssertionError(
+            f"{what} must be a class defined with `class` in the solution cell; received "
+            f"{type(cls).__name__} {cls!r}."
+        )
+    if cls.__module__ != module:
+        raise AssertionError(
+            f"{what} is {cls.__module__}.{cls.__qualname__}: define the class yourself in the "
+            "solution cell instead of importing it."
+        )
+    for base in cls.__mro__[1:]:
+        if _in_library(base.__module__, library):
+            raise AssertionError(
+                f"{what} subclasses {base.__module__}.{base.__qualname__}, the library's "
+                f"solution. {advice}"
+            )
+    for attribute in vars(cls).values():
+        function = getattr(attribute, "__func__", attribute)
+        if not isinstance(function, types.FunctionType):
+            continue
+        references = library_references(function, library)
+        if references:
+            raise AssertionError(
+                f"{what} must be your own code, but {what}.{function.__name__} calls the "
+                f"library's solution ({', '.join(references)}). {advice}"
+            )
+        _raise_library_use(what, library_uses(_own_source(function), library), advice)
+
+
 def graph_vjp_modules(output: Any, stop: Any = None) -> list[str]:
     """The modules of the VJP functions on the graph from ``output`` back to the leaves.
 
