@@ -49,6 +49,9 @@ ANSWERS = {
     r"scatter_sequence|sp_region|norm weight|\\bar\\gamma",
     "training ex1: the bucketed, hooked all-reduce of gradients": r"BucketedDataParallel|"
     r"register_post_accumulate_grad_hook|finish_gradient_synchronization",
+    "training ex2: Adam's moments sharded by hand (ZeRO-1)": r"ZeroAdam|exp_avg_sq|torch\.optim",
+    "training ex3: the all-to-all with uneven split sizes and its transpose": r"output_split_sizes|"
+    r"input_split_sizes",
 }
 
 

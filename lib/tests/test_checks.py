@@ -350,3 +350,41 @@ def test_own_class_passes_and_borrowed_ones_fail(fake_library):
     assert "Wrapper.forward calls the library's solution" in message
 
     assert "must be a class" in failure(fb.expect_own_class, len, "Wrapper", ("fakelib",))
+
+
+OPTIMIZER_CELL = """
+import numpy as np
+
+class Halve:
+    def __init__(self, x):
+        self.x = x
+
+    def step(self):
+        self.x = np.asarray(self.x) / 2
+"""
+
+
+def test_own_class_passes_and_one_that_uses_the_library_fails(fake_library):
+    own = notebook_cell(OPTIMIZER_CELL, name="halve")["Halve"]
+    fb.expect_own_class(own, "Halve", library=("fakelib",))
+
+    library_class = notebook_cell(OPTIMIZER_CELL, {"__name__": "fakelib.duality"}, "lib")["Halve"]
+    message = failure(fb.expect_own_class, library_class, "Halve", ("fakelib",))
+    assert "define the class yourself" in message
+
+    subclass = notebook_cell(
+        "class Halve(Base):\n    pass\n", {"__name__": "__main__", "Base": library_class}, "sub"
+    )["Halve"]
+    assert "subclasses fakelib.duality.Halve" in failure(
+        fb.expect_own_class, subclass, "Halve", ("fakelib",)
+    )
+
+    calling = notebook_cell(
+        OPTIMIZER_CELL.replace("np.asarray(self.x) / 2", "fakelib.duality.gather(self.x)")
+        + "import fakelib\n",
+        name="calling_class",
+    )["Halve"]
+    message = failure(fb.expect_own_class, calling, "Halve", ("fakelib",))
+    assert "calls the library's solution" in message or "must be your own code" in message
+
+    assert "must be a class" in failure(fb.expect_own_class, len, "Halve", ("fakelib",))

@@ -269,6 +269,14 @@ def test_a_library_path_spelled_out_after_another_cells_import_is_found():
     assert library_uses([("b", "y = torch.nn.functional.relu(x)\n")], ("torch.nn.parallel",)) == []
 
 
+def test_a_library_reached_through_a_name_the_locked_cells_import_is_found():
+    # ``torch`` comes from the notebook's setup cell, which is not the student's.
+    cells = [("z", "class Z:\n    def step(self):\n        return torch.optim.Adam([])\n")]
+    found = " ".join(f.describe() for f in library_uses(cells, ("torch.optim",)))
+    assert "cell z, line 3: uses torch.optim.Adam" in found, found
+    assert library_uses([("y", "def f(t):\n    return torch.tanh(t)\n")], ("torch.optim",)) == []
+
+
 def test_code_that_reaches_into_the_grader_is_found_and_honest_code_is_not():
     honest = [
         (

@@ -520,9 +520,11 @@ def expect_own_class(
 
     It must be defined with ``class`` in a notebook cell (not imported, not a library class
     under a new name, not a subclass of one), none of its methods may call into ``library``,
-    and no cell of the student's may use the ``library`` modules.
+    and no cell of the student's may use the ``library`` modules: not at the top of a cell, not
+    in a method, under no alias (``torch.optim.Adam`` inside a method counts, with ``torch``
+    imported by the notebook's own cells).
     """
-    advice = "Write it yourself with torch.distributed's collectives."
+    advice = "Write it yourself from torch's tensor operations and collectives."
     if _is_remote(cls):
         name = cls.remote_path.split(".")[-1]
         label, _ = _expect_defined_in_cells(name, what, ast.ClassDef, f"write `class {name}`")
@@ -552,8 +554,8 @@ def expect_own_class(
         references = library_references(method, library)
         if references:
             raise AssertionError(
-                f"{what}.{method.__name__} calls the library's solution "
-                f"({', '.join(references)}). {advice}"
+                f"{what} must be your own code, but {what}.{method.__name__} calls the "
+                f"library's solution ({', '.join(references)}). {advice}"
             )
     source = [(f"defining {cls.__name__}", text) for _, text in _own_source(methods[0])]
     _raise_library_use(what, library_uses(source, library), advice)

@@ -188,8 +188,9 @@ def library_uses(
                 if first in aliases and forbidden(full) and not forbidden(aliases[first]):
                     flag(label, source, node, f"uses {full}")
                 elif first not in aliases and id(node) not in inner and forbidden(dotted):
-                    # A module path spelled out whose first name another cell imported
-                    # (``torch.nn.parallel.DistributedDataParallel`` after the setup's torch).
+                    # A module path spelled out whose first name only the notebook's locked
+                    # cells import (``torch.nn.parallel.DistributedDataParallel`` or
+                    # ``torch.optim.Adam`` after the setup's ``import torch``).
                     flag(label, source, node, f"uses {dotted}")
             elif isinstance(node, ast.Name) and node.id in DYNAMIC_CODE:
                 flag(label, source, node, f"runs or imports code by name ({node.id})")
