@@ -16,8 +16,11 @@ INTRO = """\
 What the course library costs against the baselines it should be measured by: the autograd
 engine against PyTorch eager and against backprop written by hand in numpy; the simulated
 world's collectives against the memory limit (a memcpy); the torch backend against raw
-`torch.distributed`; the launcher's start-up; and the autograding pipeline's throughput. Each
-family has a goal; the table below says whether it is met.
+`torch.distributed`; the launcher's start-up; the autograding pipeline's throughput;
+redistributing placed tensors against PyTorch's DTensor; and training steps: the capstone's
+transformer on a 2 × 2 grid against one process, and the data-parallel exercise's solution against
+PyTorch's DistributedDataParallel. Every family but the last two has a goal; the table below says
+whether it is met.
 
 **Method.** Every family runs in fresh interpreters (nothing warm from another benchmark),
 several times where that is affordable; each number is the median over those processes, and
