@@ -179,6 +179,10 @@ class KernelSandbox:
             "--cap-drop",
             "ALL",
             *_system_binds(),
+            # A private /tmp first: binds after it stay visible, so an environment or a
+            # course checked out under /tmp (a CI clone) is still there inside.
+            "--tmpfs",
+            "/tmp",
             *binds,
             *etc,
             "--proc",
@@ -187,8 +191,6 @@ class KernelSandbox:
             "/dev",
             "--tmpfs",
             "/dev/shm",
-            "--tmpfs",
-            "/tmp",
             "--bind",
             str(self.home),
             HOME_INSIDE,
