@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from chainrule import dist, duality, ops
+from chainrule import data_parallel, dist, duality, ops
 from chainrule.tensor import Tensor
 
 SHARD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w1": 1, "w2": 0}
@@ -198,15 +198,11 @@ class Training:
 
 def _sgd_momentum(params: dict[str, Tensor], velocity: dict[str, np.ndarray], t: Training) -> None:
     """v ← μ v + g, θ ← θ − η v, for each parameter, in place."""
-    for name, p in params.items():
-        velocity[name] = t.momentum * velocity[name] + _gradient(p)
+    grads = data_parallel.gradients_of(list(params.values()))
+    for (name, p), g in zip(params.items(), grads, strict=True):
+        velocity[name] = t.momentum * velocity[name] + g
         p.data -= t.lr * velocity[name]
         p.grad = None
-
-
-def _gradient(p: Tensor) -> np.ndarray:
-    """``p.grad``, or zeros where no gradient reached ``p``."""
-    return p.grad if p.grad is not None else np.zeros_like(p.data)
 
 
 def train_one_process(t: Training) -> list[float]:
@@ -249,10 +245,10 @@ def train_on_grid(t: Training, dp: int, tp: int, steps: int | None = None) -> li
 
 
 def average_gradients(params: Sequence[Tensor], group: dist.Group) -> None:
-    """Replace every ``p.grad`` by its mean over ``group``: one all-reduce of all of them."""
-    grads = [_gradient(p) for p in params]
-    flat = np.concatenate([g.ravel() for g in grads])
+    """Replace every ``p.grad`` by its mean over ``group``: one all-reduce of all of them,
+    laid end to end (:func:`chainrule.data_parallel.flatten_gradients`)."""
+    grads = data_parallel.gradients_of(params)
+    flat = data_parallel.flatten_gradients(grads)
     mean = np.asarray(dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group))
-    offsets = np.cumsum([0] + [g.size for g in grads])
-    for p, g, start, end in zip(params, grads, offsets[:-1], offsets[1:], strict=True):
-        p.grad = mean[start:end].reshape(g.shape)
+    for p, g in zip(params, data_parallel.unflatten_gradients(mean, grads), strict=True):
+        p.grad = g
