@@ -350,3 +350,37 @@ def test_own_class_passes_and_borrowed_ones_fail(fake_library):
     assert "Wrapper.forward calls the library's solution" in message
 
     assert "must be a class" in failure(fb.expect_own_class, len, "Wrapper", ("fakelib",))
+
+
+def test_checks_judge_what_the_grader_receives_so_validate_and_grading_agree():
+    """Exact numbers cross the wire as themselves; any other object only by its type, in a
+    notebook (Validate) as in grading."""
+    import decimal
+    import fractions
+
+    from chainrule.judging.wire import as_sent
+
+    for value in (fractions.Fraction(3, 4), decimal.Decimal("0.75")):
+        assert as_sent(value) == value and type(as_sent(value)) is type(value)
+        for received in (value, as_sent(value)):  # Validate sees the first, grading the second
+            assert fb.expect_number(received, "the share") == 0.75
+            fb.expect_close(received, 0.75, "the share")
+            fb.expect_equal(received, 0.75, "the share")
+
+    class Anything:
+        def __eq__(self, other):
+            return True
+
+        def __float__(self):
+            return 0.75
+
+        def __array__(self, *args, **kwargs):
+            return np.array(0.75)
+
+    for received in (Anything(), as_sent(Anything())):
+        with pytest.raises(AssertionError, match="Anything"):
+            fb.expect_number(received, "the share")
+        with pytest.raises(AssertionError):
+            fb.expect_equal(received, 0.75, "the share")
+        with pytest.raises(AssertionError, match="not a number"):
+            fb.expect_close(received, 0.75, "the share")

@@ -198,10 +198,41 @@ def test_helpers_marked_for_the_kernel_run_there_with_the_students_names(kernel)
         "    return [double(v) + OFFSET for v in values]\n"
         "out = run([1, 2])\n"
     )
-    _, error = judge.run_cell(source, "helpers")
+    _, error = judge.run_cell(source, "helpers", test=False)
     assert error is None, error
     assert [int(v) for v in judge.namespace["out"]] == [12, 14]
     assert isinstance(judge.namespace["run"], type(judge.in_student_kernel(len)))
+
+
+def test_no_code_of_a_test_cell_reaches_the_kernel(kernel):
+    """Test cells hold hidden tests: the functions and classes they define never travel to the
+    student's kernel, not as a helper, not as an argument; their data does."""
+    judge = Judge(kernel.transport)
+    helpers = (
+        "from chainrule.checks import in_student_kernel\n"
+        "@in_student_kernel\n"
+        "def apply(f, x):\n"
+        "    return f(x)\n"
+        "@in_student_kernel\n"
+        "def twice(x):\n"
+        "    return double(x)\n"
+    )
+    assert judge.run_cell(helpers, "helpers", test=False)[1] is None
+    sent = {
+        "a function": "def secret_loss(x):\n    return x + 1\napply(secret_loss, 1)\n",
+        "a lambda": "apply(lambda x: x - 7, 1)\n",
+        "a class": "class Secret:\n    def __call__(self, x):\n        return x\n"
+        "apply(Secret(), 1)\n",
+        "a helper": "from chainrule.checks import in_student_kernel\n"
+        "@in_student_kernel\ndef hidden_helper():\n    return 1\nhidden_helper()\n",
+    }
+    for what, source in sent.items():
+        kernel.outputs = []
+        _, error = judge.run_cell(source, f"test_{what}")
+        assert isinstance(error, GraderCallFailed), what
+        assert "defined in a test cell" in str(error), what
+    _, error = judge.run_cell("out = twice(np.arange(3.0))\n", "test_data")
+    assert error is None and list(judge.namespace["out"]) == [0.0, 2.0, 4.0]
 
 
 def test_in_a_plain_notebook_a_marked_helper_is_the_function_itself():
@@ -300,3 +331,69 @@ def test_code_that_reaches_into_the_grader_is_found_and_honest_code_is_not():
     for source, reason in cheats.items():
         found = reaches_into_grader([("c", source)], protected={"expect_close"})
         assert any(reason in f.what for f in found), (source, found)
+
+
+def test_cells_are_read_as_ipython_runs_them():
+    """A magic cannot hide code from the scan: the scan reads what IPython compiles."""
+    library = ("chainrule.duality",)
+    hidden = [
+        ("a", "for _ in range(1):\n    %time import chainrule.duality\n"),
+        ("b", "%%time\nfrom chainrule.duality import gather_from_ranks\n"),
+        ("c", "%timeit -n 1 -r1 __import__('os')\n"),
+    ]
+    found = [f.describe() for f in library_uses(hidden, library)]
+    assert any("cell a, line 2: imports chainrule.duality" in f for f in found), found
+    assert any("cell b" in f and "chainrule.duality" in f for f in found), found
+    assert any("cell c" in f and "by name" in f for f in found), found
+
+
+def test_a_cell_that_cannot_be_read_is_a_finding_not_a_skip():
+    found = library_uses([("broken", "def f(:\n    import chainrule.duality\n")], ("x",))
+    assert [f.cell for f in found] == ["broken"] and "cannot be read" in found[0].what
+
+
+def test_a_library_named_in_a_docstring_or_comment_is_not_a_use():
+    cells = [
+        (
+            "s",
+            '"""Like chainrule.duality.gather_from_ranks, written by hand."""\n'
+            "def gather(x):\n"
+            '    """The backward of chainrule.duality\'s all-gather row."""\n'
+            "    # chainrule.duality would do this\n"
+            "    return x\n",
+        )
+    ]
+    assert library_uses(cells, ("chainrule.duality",)) == []
+    named = [("t", "name = 'chainrule.duality'\n")]
+    assert library_uses(named, ("chainrule.duality",)) != []
+
+
+def test_shell_escapes_and_unread_magics_reach_out_and_harmless_magics_do_not():
+    assert reaches_into_grader([("m", "%matplotlib inline\n%time x = 1\n")]) == []
+    for source, reason in {
+        "!cat /etc/passwd": "shell command",
+        "files = !ls": "shell command",
+        "%run other.py": "magic %run",
+        "%load_ext something": "magic %load_ext",
+    }.items():
+        found = reaches_into_grader([("c", source)])
+        assert any(reason in f.what for f in found), (source, found)
+
+
+def test_every_kind_of_binding_is_a_definition():
+    from chainrule.judging.source_scan import definitions
+
+    cells = [
+        ("a", "a, (b, c) = 1, (2, 3)\n"),
+        ("b", "d: int = 4\n"),
+        ("c", "for e in range(2):\n    pass\n"),
+        ("d", "with open('x') as f:\n    pass\n"),
+        ("e", "%%capture out\nprint(1)\n"),
+        ("f", "if True:\n    def g():\n        return 1\n"),
+    ]
+    for name, label in [("a", "a"), ("c", "a"), ("d", "b"), ("e", "c"), ("f", "d"), ("out", "e")]:
+        assert [found[0] for found in definitions(cells, name)] == [label], name
+    ((_, node),) = definitions(cells, "g")
+    import ast
+
+    assert isinstance(node, ast.FunctionDef)

@@ -19,6 +19,10 @@ number of ranks and ``T_p`` the real-token count of rank p:
 - all zeros, ``None``, NaN: a gradient that did not flow, a missing ``return``, a division by 0;
 - any further mistake a test cell names: ``mistakes={"what the mistake is": value it gives}``.
 
+Every check judges a value as the grader receives it from the student's kernel
+(:func:`chainrule.judging.wire.as_sent`: arrays, numbers, strings, lists...; any other object
+only by its type), so that Validate and grading give the same verdict.
+
 The ``expect_own_*`` checks make sure that the code graded is the student's own, written in the
 notebook, and not a library function under a new name.
 """
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from chainrule.judging.source_scan import Finding, definitions, library_uses
+from chainrule.judging.wire import as_sent
 
 NOTEBOOK_MODULE = "__main__"
 """The ``__module__`` of a function or class defined in a notebook cell."""
@@ -250,6 +255,7 @@ def expect_close(
     On failure the AssertionError names ``what`` was checked, shows both values and adds the
     likely mistakes found by :func:`diagnose` (same keyword arguments).
     """
+    received = as_sent(received)
     e = as_array(expected)
     if received is not None:
         try:
@@ -271,6 +277,7 @@ def expect_close(
 
 def expect_array(received: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     """Assert that ``received`` is an array of numbers of ``shape``; return it as floats."""
+    received = as_sent(received)
     try:
         array = as_array(received)
     except (TypeError, ValueError):
@@ -288,6 +295,7 @@ def expect_array(received: Any, shape: tuple[int, ...], what: str) -> np.ndarray
 
 def expect_number(received: Any, what: str) -> float:
     """Assert that ``received`` is one real number (an int, a float, a 0-d array); return it."""
+    received = as_sent(received)
     if isinstance(received, bool) or received is None:
         raise AssertionError(f"{what}: expected a number, received {received!r}.")
     try:
@@ -305,6 +313,7 @@ def expect_number(received: Any, what: str) -> float:
 
 def expect_equal(received: Any, expected: Any, what: str, hint: str | None = None) -> None:
     """Assert ``received == expected`` exactly (booleans, strings, integers)."""
+    received = as_sent(received)
     if received == expected:
         return
     message = f"{what}: expected {expected!r}, received {received!r}."
@@ -313,6 +322,7 @@ def expect_equal(received: Any, expected: Any, what: str, hint: str | None = Non
 
 def expect_choice(value: Any, options: Mapping[str, Any], what: str) -> None:
     """Assert that ``value`` is one of the keys of ``options`` (a multiple-choice answer)."""
+    value = as_sent(value)
     if isinstance(value, str) and value in options:
         return
     listed = ", ".join(repr(key) for key in options)

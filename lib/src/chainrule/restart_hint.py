@@ -24,7 +24,6 @@ with each execution, or else by its source text, so the hint can say "above" or 
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -33,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from chainrule.cells import bound_names
 
 SESSION_ENV_VAR = "JPY_SESSION_NAME"
 _NAMESPACE_PATH_KEYS = ("__session__", "__vsc_ipynb_file__")
@@ -109,105 +110,10 @@ def notebook_path(
 # -- which names a cell defines ---------------------------------------------------------------
 
 
-class _TopLevelBindings(ast.NodeVisitor):
-    """Names bound in a cell's own (global) scope, with the kind of statement binding them.
-
-    Function, class and lambda bodies and comprehensions have scopes of their own, so the
-    visitor records a ``def``/``class`` name but does not look inside.
-    """
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-
-    def _bind(self, name: str, kind: str) -> None:
-        self.names.setdefault(name, kind)
-
-    def _bind_targets(self, target: ast.AST, kind: str) -> None:
-        for node in ast.walk(target):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                self._bind(node.id, kind)
-
-    def visit_Assign(self, node: ast.Assign) -> None:  # noqa: N802 - ast's naming
-        for target in node.targets:
-            self._bind_targets(target, "assignment")
-        self.visit(node.value)
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:  # noqa: N802
-        if node.value is not None:
-            self._bind_targets(node.target, "assignment")
-            self.visit(node.value)
-
-    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:  # noqa: N802
-        self._bind_targets(node.target, "assignment")
-        self.visit(node.value)
-
-    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:  # noqa: N802
-        self._bind_targets(node.target, "for loop")
-        self.generic_visit(node)
-
-    visit_AsyncFor = visit_For  # noqa: N815
-
-    def visit_withitem(self, node: ast.withitem) -> None:
-        if node.optional_vars is not None:
-            self._bind_targets(node.optional_vars, "with statement")
-        self.visit(node.context_expr)
-
-    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:  # noqa: N802
-        for alias in node.names:
-            if alias.name != "*":
-                self._bind(alias.asname or alias.name.split(".")[0], "import")
-
-    visit_ImportFrom = visit_Import  # noqa: N815
-
-    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:  # noqa: N802
-        self._bind(node.name, "def")
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802
-        self._bind(node.name, "class")
-
-    def visit_Lambda(self, node: ast.Lambda) -> None:  # noqa: N802
-        return None
-
-    def _skip_scope(self, node: ast.AST) -> None:
-        return None
-
-    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _skip_scope  # noqa: N815
-
-
-def _as_python(source: str) -> str:
-    """Cell source with IPython-only syntax neutralised so :mod:`ast` can parse it.
-
-    A leading cell magic line (``%%time``) is dropped, keeping the body; line magics and
-    shell escapes (``%matplotlib inline``, ``!ls``) become ``pass`` at the same indentation.
-    """
-    lines = source.splitlines()
-    if lines and lines[0].lstrip().startswith("%%"):
-        lines = lines[1:]
-    neutral = []
-    for line in lines:
-        stripped = line.lstrip()
-        if stripped.startswith(("%", "!")):
-            neutral.append(line[: len(line) - len(stripped)] + "pass")
-        else:
-            neutral.append(line)
-    return "\n".join(neutral)
-
-
 def names_defined(source: str) -> dict[str, str]:
-    """The names a code cell binds at top level, each with its kind of statement.
-
-    ``{"model": "assignment", "np": "import", "train": "def"}``; a cell that does not parse
-    defines nothing.
-    """
-    try:
-        tree = ast.parse(_as_python(source))
-    except SyntaxError:
-        return {}
-    visitor = _TopLevelBindings()
-    visitor.visit(tree)
-    return visitor.names
+    """The names a code cell binds at top level, each with its kind of statement (read as
+    IPython runs the cell: :func:`chainrule.cells.bound_names`)."""
+    return bound_names(source)
 
 
 # -- locating the definition ------------------------------------------------------------------

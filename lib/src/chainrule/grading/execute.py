@@ -27,7 +27,6 @@ appears, with its line, on the first test that fails because of it (instead of t
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer, Unicode
 
+from chainrule.cells import bound_names
 from chainrule.grading.config import REPRODUCIBLE_DEFAULTS
 from chainrule.grading.hidden import BEGIN_HIDDEN
 from chainrule.grading.sandbox import KernelSandbox, SandboxedKernelManager
@@ -192,22 +192,6 @@ def copy_regular_files(source: Path, destination: Path) -> list[str]:
     return skipped
 
 
-def _top_level_names(source: str) -> set[str]:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.Assign):
-            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    return names
-
-
 class JudgedExecute(ValidatingExecute):
     """Execute for grading: the student's cells in a sandboxed kernel, the tests in a judge."""
 
@@ -238,7 +222,7 @@ class JudgedExecute(ValidatingExecute):
             if cell.cell_type == "code" and role == KERNEL
         ]
         helpers = [c.source for c in self._trusted.values() if not c.is_test]
-        protected = set().union(*(_top_level_names(source) for source in helpers))
+        protected = set().union(*(bound_names(source) for source in helpers))
         self._report: dict[str, Any] = {
             "not_as_written": [],
             "reaches_into_grader": [
@@ -316,7 +300,7 @@ class JudgedExecute(ValidatingExecute):
         if role in (KERNEL, BOTH):
             self._run_in_kernel(cell, index, label, source)
         if role in (JUDGE, BOTH):
-            printed, error = self.judge.run_cell(source or "", label)
+            printed, error = self.judge.run_cell(source or "", label, test=role == JUDGE)
             if role == JUDGE:
                 cell.outputs = self._verdict(printed, error, label)
                 cell.execution_count = None

@@ -29,7 +29,7 @@ import contextlib
 import contextvars
 import io
 import secrets
-import traceback
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,18 +132,49 @@ def _identity(value: Any) -> Any:
     return value
 
 
+class TestCodeRefused(Exception):
+    """A request would carry code of a test cell into the student's kernel."""
+
+
+def _test_code_in(obj: Any, files: frozenset[str]) -> str | None:
+    """The name of ``obj`` if it is a function, or a class with a method, compiled from one
+    of ``files`` (the test cells), else ``None``."""
+    functions = [obj]
+    if isinstance(obj, type):
+        functions = [getattr(v, "__func__", v) for v in vars(obj).values()]
+    for function in functions:
+        code = getattr(function, "__code__", None)
+        if isinstance(function, types.FunctionType) and code is not None:
+            if code.co_filename in files:
+                return getattr(obj, "__qualname__", getattr(obj, "__name__", "a function"))
+    return None
+
+
 class _RequestPickler(cloudpickle.Pickler):
-    """cloudpickle, with references to the student's objects sent as references."""
+    """cloudpickle, with references to the student's objects sent as references, refusing any
+    function or class of a test cell (its code would reach the student's kernel)."""
+
+    def __init__(self, file: io.BytesIO, test_files: frozenset[str]) -> None:
+        super().__init__(file, protocol=5)
+        self.test_files = test_files
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, RemoteName | RemoteHelper):
             return obj.__reduce__()
+        if isinstance(obj, types.FunctionType | type):
+            name = _test_code_in(obj, self.test_files)
+            if name is not None:
+                raise TestCodeRefused(
+                    f"{name} is defined in a test cell: its code cannot be sent to the "
+                    "student's kernel (send data, such as arrays, shapes, seeds or names, or "
+                    "define what the kernel runs in a helper cell the student can see)"
+                )
         return super().reducer_override(obj)
 
 
-def _pickle(value: Any) -> bytes:
+def _pickle(value: Any, test_files: frozenset[str] = frozenset()) -> bytes:
     buffer = io.BytesIO()
-    _RequestPickler(buffer, protocol=5).dump(value)
+    _RequestPickler(buffer, test_files).dump(value)
     return buffer.getvalue()
 
 
@@ -170,13 +201,18 @@ class Judge:
         self.failures: list[str] = []
         self.cell_labels: dict[int, str] = {}
         self._names: dict[str, Any] = {}
+        self._test_files: frozenset[str] = frozenset()
 
     # -- the kernel, through the transport ------------------------------------------------------
 
     def request(self, operation: tuple[Any, ...]) -> Any:
         """Send one request to the kernel and return the value it answered with."""
         nonce = secrets.token_hex(8)
-        payload = base64.b64encode(_pickle((nonce, operation))).decode("ascii")
+        try:
+            pickled = _pickle((nonce, operation), self._test_files)
+        except TestCodeRefused as error:
+            raise self._failed(str(error)) from None
+        payload = base64.b64encode(pickled).decode("ascii")
         code = f'__import__("chainrule.judging.agent").judging.agent.serve("{payload}")'
         outputs = self.transport(code)
         for output in outputs:
@@ -260,11 +296,22 @@ class Judge:
         finally:
             CURRENT.reset(token)
 
-    def run_cell(self, source: str, label: str) -> tuple[str, BaseException | None]:
-        """Execute a trusted cell here: its printed text and the exception it ended with."""
+    def run_cell(
+        self, source: str, label: str, test: bool = True
+    ) -> tuple[str, BaseException | None]:
+        """Execute a trusted cell here: its printed text and the exception it ended with.
+
+        The functions and classes a ``test`` cell defines never reach the student's kernel
+        (a request that would carry one fails, and the test did not run as written): test
+        cells hold hidden tests. Those of the other trusted cells (helpers the student sees)
+        may run there.
+        """
         self._names = {}  # the student's names are looked up afresh for every cell
         printed = io.StringIO()
-        code = compile(source, f"<{label}>", "exec")
+        filename = f"<{label}>"
+        if test:
+            self._test_files = self._test_files | {filename}
+        code = compile(source, filename, "exec")
         with self.active(), contextlib.redirect_stdout(printed):
             try:
                 exec(code, self.namespace)
@@ -287,8 +334,3 @@ def _error_text(outputs: Outputs) -> str:
         if output.get("output_type") == "error":
             return f"{output.get('ename', '')}: {str(output.get('evalue', ''))[:200]}"
     return ""
-
-
-def format_exception_lines(error: BaseException) -> list[str]:
-    """A short traceback of an exception raised by trusted code (no source lines)."""
-    return traceback.format_exception_only(type(error), error)

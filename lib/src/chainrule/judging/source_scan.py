@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from chainrule.cells import bindings, parse_cell
+
 #: Calls and attributes that run or import code chosen at run time.
 DYNAMIC_CODE = frozenset(["exec", "eval", "compile", "__import__", "importlib"])
 
@@ -80,13 +82,20 @@ class Finding:
 
 
 def _parse(source: str) -> ast.Module | None:
-    """The cell's syntax tree; IPython magics and shell lines are left out; ``None`` if the
-    cell is not Python (a SyntaxError is reported when the cell runs)."""
-    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
-    try:
-        return ast.parse("\n".join(lines))
-    except (SyntaxError, ValueError):
-        return None
+    """The cell's syntax tree as IPython runs it (:func:`chainrule.cells.parse_cell`), or
+    ``None`` if it does not parse."""
+    return parse_cell(source).tree
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the string constants that are docstrings or bare string statements (text
+    for a reader, like a comment)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            if isinstance(node.value.value, str):
+                found.add(id(node.value))
+    return found
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -166,7 +175,10 @@ def library_uses(
 
     for label, source, tree in parsed:
         if tree is None:
+            error = parse_cell(source).error
+            found.append(Finding(label, 0, f"cannot be read by the grader ({error})", ""))
             continue
+        text_only = _docstrings(tree)
         # Attributes that are the object of a longer chain (``torch.nn`` in ``torch.nn.parallel``).
         inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
         for node in ast.walk(tree):
@@ -198,7 +210,11 @@ def library_uses(
                 origin = aliases.get(node.id, "")
                 if origin != node.id and forbidden(origin):
                     flag(label, source, node, f"uses {node.id}, imported from {origin}")
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in text_only
+            ):
                 named = [p for p in library if p in node.value and _in(p, allowed) is None]
                 if named:
                     flag(label, source, node, f"names {named[0]} in a string")
@@ -232,7 +248,7 @@ def reaches_into_grader(
     aliases = _module_aliases(tree for _, _, tree in parsed if tree is not None)
     found: list[Finding] = []
     for label, source, tree in parsed:
-        if tree is None:
+        if tree is None:  # IPython could not compile it either: none of it ran
             continue
 
         def flag(node: ast.AST, what: str, label: str = label, source: str = source) -> None:
@@ -243,6 +259,14 @@ def reaches_into_grader(
             _scan_node(node, aliases, flag)
         for node in _module_level(tree):
             _scan_module_level(node, protected, flag)
+        for magic in parse_cell(source).magics:
+            if magic.shell:
+                what = "running a shell command (!)"
+            elif not magic.harmless:
+                what = f"the IPython magic %{magic.name}, which the grader does not read"
+            else:
+                continue
+            found.append(Finding(label, magic.line, what, _line_of(source, magic.line)))
     return _unique(found)
 
 
@@ -389,20 +413,11 @@ def _unique(findings: list[Finding]) -> list[Finding]:
 
 
 def definitions(cells: Sequence[tuple[str, str]], name: str) -> list[tuple[str, ast.AST]]:
-    """The top-level statements of ``cells`` that bind ``name``: ``(label, node)`` pairs."""
+    """The statements of ``cells`` that bind ``name`` in a cell's own scope: ``(label,
+    node)`` pairs, in the order of the cells."""
     found: list[tuple[str, ast.AST]] = []
     for label, source in cells:
         tree = _parse(source)
-        if tree is None:
-            continue
-        for node in tree.body:
-            bound: list[str] = []
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                bound = [node.name]
-            elif isinstance(node, ast.Assign):
-                bound = [t.id for t in node.targets if isinstance(t, ast.Name)]
-            elif isinstance(node, ast.Import | ast.ImportFrom):
-                bound = [(a.asname or a.name).split(".")[0] for a in node.names]
-            if name in bound:
-                found.append((label, node))
+        if tree is not None:
+            found += [(label, node) for node in bindings(tree)[1].get(name, [])]
     return found

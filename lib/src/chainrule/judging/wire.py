@@ -4,7 +4,8 @@ The grader asks the kernel for the value of a name or for the result of a call
 (:mod:`chainrule.judging.agent`); the kernel answers with :func:`encode`'s output, a tree of
 JSON objects, and the grader rebuilds the value with :func:`decode`. Decoding builds only
 
-- ``None``, ``bool``, ``int``, ``float``, ``complex`` and ``str``;
+- ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, and the exact numbers of the
+  standard library, :class:`fractions.Fraction` and :class:`decimal.Decimal`;
 - ``list``, ``tuple`` and ``dict`` of those (dict keys: ``str``, ``int`` or ``float``);
 - numpy arrays of a numeric or boolean dtype (torch tensors and :class:`chainrule.Tensor`
   arrive as numpy arrays: the grader compares values, not types);
@@ -13,11 +14,17 @@ JSON objects, and the grader rebuilds the value with :func:`decode`. Decoding bu
 
 No pickle and no code cross in this direction, and :func:`decode` enforces limits on depth,
 length and total size, so a reply can neither run anything in the grader nor exhaust it.
+
+:func:`as_sent` is a value as the grader receives it (encoded, then decoded). The checks of
+:mod:`chainrule.checks` judge that, in a student's own notebook (Validate) as in grading, so
+that the two give the same verdict for the same answer.
 """
 
 from __future__ import annotations
 
 import base64
+import decimal
+import fractions
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +89,12 @@ def encode(value: Any, depth: int = 0) -> dict[str, Any]:
         return {"t": "int", "v": str(int(value))}
     if isinstance(value, float | np.floating):
         return _encode_float(float(value))
+    if isinstance(value, fractions.Fraction):
+        return {"t": "fraction", "num": str(value.numerator), "den": str(value.denominator)}
+    if isinstance(value, decimal.Decimal):
+        return {"t": "decimal", "v": str(value)}
+    if isinstance(value, Opaque):
+        return {"t": "opaque", "type": value.type_name, "repr": value.text}
     if isinstance(value, complex | np.complexfloating):
         return {"t": "complex", "re": repr(value.real), "im": repr(value.imag)}
     if isinstance(value, str):
@@ -148,6 +161,13 @@ def _text(node: dict[str, Any], key: str, budget: _Budget, limit: int = MAX_TEXT
     return value
 
 
+def _integer(node: dict[str, Any], key: str, budget: _Budget) -> int:
+    text = _text(node, key, budget)
+    if len(text) > 4000 or not text.lstrip("-").isdigit():
+        raise WireError("an int must be decimal digits")
+    return int(text)
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -171,12 +191,20 @@ def decode(node: Any, depth: int = 0, budget: _Budget | None = None) -> Any:
             raise WireError("a bool must carry true or false")
         return node["v"]
     if tag == "int":
-        text = _text(node, "v", budget)
-        if len(text) > 4000 or not text.lstrip("-").isdigit():
-            raise WireError("an int must be decimal digits")
-        return int(text)
+        return _integer(node, "v", budget)
     if tag == "float":
         return _number(_text(node, "v", budget))
+    if tag == "fraction":
+        numerator, denominator = _integer(node, "num", budget), _integer(node, "den", budget)
+        if denominator <= 0:
+            raise WireError("a fraction's denominator must be positive")
+        return fractions.Fraction(numerator, denominator)
+    if tag == "decimal":
+        text = _text(node, "v", budget, limit=4000)
+        try:
+            return decimal.Decimal(text)
+        except decimal.InvalidOperation:
+            raise WireError(f"not a decimal number: {text[:40]!r}") from None
     if tag == "complex":
         return complex(_number(_text(node, "re", budget)), _number(_text(node, "im", budget)))
     if tag == "str":
@@ -226,3 +254,9 @@ def _decode_array(node: dict[str, Any], budget: _Budget) -> np.ndarray:
     if math.prod(shape) * kind.itemsize != len(raw):
         raise WireError("an array's data does not match its shape and dtype")
     return np.frombuffer(raw, dtype=kind).reshape(shape).copy()
+
+
+def as_sent(value: Any) -> Any:
+    """``value`` as the grader receives it from a student's kernel: encoded, then decoded
+    (arrays stay arrays, tensors become arrays, other objects :class:`Opaque`)."""
+    return decode(encode(value))
