@@ -216,6 +216,19 @@ def attacks(root: Path) -> dict[str, dict]:
             forged=True,
             scale="def scale(x, k):\n    return x",
         ),
+        # The tests' helpers (the setup cell defines expect_close) deleted, and checks of the
+        # student's own that pass anything.
+        "deleted_helpers": dict(
+            delete=["setup"],
+            prepend="import numpy as np\n\ndef expect_close(*args, **kwargs):\n    return None",
+            scale="def scale(x, k):\n    return x",
+        ),
+        # The same helpers moved below the tests, the student's no-op checks above them.
+        "moved_helpers": dict(
+            move_to_end=["setup"],
+            prepend="import numpy as np\n\ndef expect_close(*args, **kwargs):\n    return None",
+            scale="def scale(x, k):\n    return x",
+        ),
     }
 
 
@@ -234,6 +247,8 @@ CHEATS = (
     "printer",
     "symlink",
     "forged",
+    "deleted_helpers",
+    "moved_helpers",
 )
 #: Cheats whose arith notebook must not be graded at all (a limit cut it short).
 NOT_GRADED = {"rlimit"}
@@ -264,10 +279,32 @@ def _edit(
                     answer(notebooks["arith"], grade_id, attack[grade_id])
             if attack.get("forged"):
                 _forge(notebooks["arith"])
+            arith = notebooks["arith"]
+            for grade_id in attack.get("delete", []):
+                delete_cell(arith, grade_id)
+            for grade_id in attack.get("move_to_end", []):
+                moved = cell_of(arith, grade_id)
+                arith.cells.remove(moved)
+                arith.cells.append(moved)
+            if "prepend" in attack:
+                arith.cells.insert(0, nbformat.v4.new_code_cell(attack["prepend"]))
         if delete:
             delete_cell(notebooks[delete[0]], delete[1])
 
     return edit
+
+
+def _rearranged(notebooks: dict[str, nbformat.NotebookNode]) -> None:
+    """An honest student who moved the setup cell below the tests, deleted the helpers of
+    ``ranks`` and added cells of their own: graded as the instructor's notebook."""
+    _edit(GOOD)(notebooks)
+    arith, ranks = notebooks["arith"], notebooks["ranks"]
+    setup = cell_of(arith, "setup")
+    arith.cells.remove(setup)
+    arith.cells.append(setup)
+    arith.cells.insert(2, nbformat.v4.new_code_cell("print(scale([1.0], 2.0))"))
+    delete_cell(ranks, "helpers")
+    ranks.cells.append(nbformat.v4.new_code_cell("total = 0"))
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
@@ -323,6 +360,7 @@ def graded(tmp_path_factory):
     submit(course, "deleted", _edit(GOOD, delete=("arith", "test_norm")))
     # the cell before test_sum is a locked helper: nbgrader 0.9 stops with KeyError: 'helpers'
     submit(course, "deleted_after_helper", _edit(GOOD, delete=("ranks", "test_sum")))
+    submit(course, "rearranged", _rearranged)
     before = _watched(root)
     BATCH_TMP.append(Path(tempfile.mkdtemp(prefix="adversarial-", dir="/tmp")))  # short: sockets
     with pytest.MonkeyPatch.context() as patch:
@@ -346,11 +384,13 @@ def _scores(book: dict, student: str) -> dict[str, float | None]:
 def test_good_students_get_the_instructor_solutions_score(graded):
     _, _, _, (result, book, _), _ = graded
     rows = {row.outcome.student: row for row in result.rows}
-    for student in ("good", "good_alt", "victim", "deleted", "deleted_after_helper"):
+    for student in ("good", "good_alt", "victim", "deleted", "deleted_after_helper", "rearranged"):
         assert rows[student].total == rows[student].max_score == 5, rows[student].outcome.to_dict()
         assert not rows[student].outcome.flagged, rows[student].outcome.to_dict()
-    assert rows["deleted"].outcome.status.startswith("graded: test cells restored")
-    assert rows["deleted_after_helper"].outcome.status.startswith("graded: test cells restored")
+    assert rows["deleted"].outcome.status.startswith("graded: locked cells restored")
+    assert rows["deleted_after_helper"].outcome.status.startswith("graded: locked cells restored")
+    rearranged = rows["rearranged"].outcome.status
+    assert "moved setup" in rearranged and "deleted helpers" in rearranged, rearranged
 
 
 def test_no_cheat_earns_a_point_it_did_not_earn_and_every_cheat_is_flagged(graded):
@@ -403,7 +443,7 @@ def test_nothing_leaks_into_feedback(graded):
     for page in pages:
         text = page.read_text()
         for secret in (HIDDEN, SOLUTION_MARK, "BEGIN HIDDEN TESTS", "### BEGIN SOLUTION"):
-            own = ("good", "victim", "deleted", "deleted_after_helper", "rlimit")
+            own = ("good", "victim", "deleted", "deleted_after_helper", "rlimit", "rearranged")
             if secret == SOLUTION_MARK and page.parts[-3] in own:
                 continue  # their own solution holds the mark
             assert secret not in text, (page, secret)

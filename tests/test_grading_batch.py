@@ -89,12 +89,12 @@ EXPECTED = {  # student: (status, {notebook: status})
         {"squares": "failed: corrupt notebook JSON", "doubles": "graded"},
     ),
     "edited": (
-        "graded: test cells restored (squares: edited test_square)",
-        {"squares": "graded: test cells restored (edited test_square)"},
+        "graded: locked cells restored (squares: edited test_square)",
+        {"squares": "graded: locked cells restored (edited test_square)"},
     ),
     "deleted": (
-        "graded: test cells restored (squares: deleted test_square)",
-        {"squares": "graded: test cells restored (deleted test_square)"},
+        "graded: locked cells restored (squares: deleted test_square)",
+        {"squares": "graded: locked cells restored (deleted test_square)"},
     ),
     "huge": ("graded", {"doubles": "graded"}),
     "partial": ("graded", {"squares": "not submitted", "doubles": "graded"}),

@@ -140,13 +140,26 @@ def test_find_restored_cells_compares_with_the_release():
     def cell(grade_id, source):
         return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {"grade_id": grade_id}})
 
+    order = ["intro", "test_a", "test_b"]
     untouched = nbformat.v4.new_notebook(
-        cells=[cell("test_a", "assert f(1) == 1\n"), cell("test_b", "assert f(2) == 4")]
+        cells=[
+            cell("intro", "Read me"),
+            cell("test_a", "assert f(1) == 1\n"),
+            cell("mine", "x = 1"),
+            cell("test_b", "assert f(2) == 4"),
+        ]
     )
-    assert not find_restored_cells(untouched, released)
+    assert not find_restored_cells(untouched, released, order)
     tampered = nbformat.v4.new_notebook(cells=[cell("test_a", "pass")])
-    restored = find_restored_cells(tampered, released)
-    assert restored.edited == ["test_a"] and restored.deleted == ["test_b"]
+    restored = find_restored_cells(tampered, released, order)
+    assert restored.edited == ["test_a"] and restored.deleted == ["intro", "test_b"]
+    moved = nbformat.v4.new_notebook(
+        cells=[cell("test_a", "assert f(1) == 1"), cell("test_b", "assert f(2) == 4")]
+        + [cell("intro", "Read me")]
+    )
+    restored = find_restored_cells(moved, released, order)
+    assert restored.moved == ["intro"] and not restored.edited and not restored.deleted
+    assert restored.describe() == "moved intro"
 
 
 def test_statuses_tell_failures_from_zeros_and_restorations():
@@ -154,11 +167,11 @@ def test_statuses_tell_failures_from_zeros_and_restorations():
     restored = NotebookOutcome("ex2", graded=True, restored=RestoredCells(edited=["test_x"]))
     died = NotebookOutcome("ex3", reason=KERNEL_DIED)
     assert graded.status == "graded" and not graded.failed
-    assert restored.status == "graded: test cells restored (edited test_x)"
+    assert restored.status == "graded: locked cells restored (edited test_x)"
     assert died.status == "failed: kernel died" and died.failed
     student = StudentOutcome("ann", [graded, restored, died])
     assert student.status == "failed: kernel died (ex3)" and not student.fully_graded
-    assert StudentOutcome("bob", [graded, restored]).status.startswith("graded: test cells")
+    assert StudentOutcome("bob", [graded, restored]).status.startswith("graded: locked cells")
     assert StudentOutcome("cy", [graded]).status == "graded"
     again = NotebookOutcome.from_dict(restored.to_dict())
     assert again == restored

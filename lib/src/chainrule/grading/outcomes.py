@@ -66,21 +66,24 @@ def last_error_line(text: str) -> str:
 
 @dataclass
 class RestoredCells:
-    """Test cells nbgrader had to put back: edited ones (restored) and deleted ones (re-added)."""
+    """The instructor's cells grading put back: edited ones (restored), deleted ones
+    (re-added) and moved ones (put back in the instructor's order)."""
 
     edited: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.edited or self.deleted)
+        return bool(self.edited or self.deleted or self.moved)
 
     def describe(self) -> str:
-        """E.g. ``edited test_a; deleted test_b``."""
+        """E.g. ``edited test_a; deleted test_b; moved helpers``."""
         parts = []
-        if self.edited:
-            parts.append("edited " + ", ".join(self.edited))
-        if self.deleted:
-            parts.append("deleted " + ", ".join(self.deleted))
+        for what, names in (("edited", self.edited), ("deleted", self.deleted)):
+            if names:
+                parts.append(f"{what} " + ", ".join(names))
+        if self.moved:
+            parts.append("moved " + ", ".join(self.moved))
         return "; ".join(parts)
 
 
@@ -119,7 +122,7 @@ class NotebookOutcome:
 
     @property
     def status(self) -> str:
-        """``graded``, ``not submitted``, ``graded: test cells restored (...)``,
+        """``graded``, ``not submitted``, ``graded: locked cells restored (...)``,
         ``flagged: ...`` or ``failed: ...``."""
         if self.reason is not None:
             return f"failed: {self.reason}"
@@ -128,7 +131,7 @@ class NotebookOutcome:
         if self.flags:
             return "flagged: " + "; ".join(self.flags)
         if self.restored:
-            return f"graded: test cells restored ({self.restored.describe()})"
+            return f"graded: locked cells restored ({self.restored.describe()})"
         return "graded"
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +194,7 @@ class StudentOutcome:
         restored = [nb for nb in self.notebooks if nb.restored]
         if restored:
             what = "; ".join(f"{nb.name}: {nb.restored.describe()}" for nb in restored)
-            return f"graded: test cells restored ({what})"
+            return f"graded: locked cells restored ({what})"
         if self.notebooks and not any(nb.submitted for nb in self.notebooks):
             return "not submitted"
         return "graded"

@@ -162,7 +162,7 @@ def render(assignment: str, names: Sequence[str], rows: Sequence[SummaryRow]) ->
         *notebook_table(names, rows),
         "",
         "FAILED = not graded (nbgrader's export shows 0); — = no total; "
-        "* = graded with test cells restored; ! = graded and flagged (see Details)",
+        "* = graded with locked cells restored; ! = graded and flagged (see Details)",
     ]
     problems = problem_lines(rows)
     if problems:

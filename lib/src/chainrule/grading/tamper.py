@@ -1,14 +1,14 @@
-"""Find the test cells a student edited or deleted, which nbgrader restores when it autogrades.
+"""Find the instructor's cells a student edited, deleted or moved, which grading restores.
 
-nbgrader overwrites every locked cell with the instructor's version from the gradebook and, with
-``OverwriteCells.add_missing_cells = True``, adds deleted grade cells back. It only logs this, so
-the pipeline compares the submission with what was released (the gradebook's source with its
-hidden tests removed) and reports the restored cells in the grading summary.
+:class:`chainrule.grading.restore.RestoreCells` grades every submission against the
+instructor's cells, in the instructor's order. It only logs what it changes, so the pipeline
+compares the submission with what was released (the gradebook's source with its hidden tests
+removed, in the instructor's order) and reports the restored cells in the grading summary.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import nbformat
@@ -56,15 +56,41 @@ def submitted_sources(nb: nbformat.NotebookNode) -> dict[str, str]:
 
 
 def find_restored_cells(
-    nb: nbformat.NotebookNode, released: Iterable[ReleasedCell]
+    nb: nbformat.NotebookNode, released: Iterable[ReleasedCell], order: Sequence[str] = ()
 ) -> RestoredCells:
-    """Locked cells whose source differs from the release (edited) and grade cells missing."""
+    """Locked cells whose source differs from the release (edited), locked cells missing
+    (deleted), and locked cells out of the instructor's ``order`` (moved)."""
     sources = submitted_sources(nb)
     restored = RestoredCells()
+    rank = {name: i for i, name in enumerate(order)}
+    released = sorted(released, key=lambda cell: rank.get(cell.grade_id, len(rank)))
     for cell in released:
         if cell.grade_id not in sources:
-            if cell.is_grade:
-                restored.deleted.append(cell.grade_id)
+            restored.deleted.append(cell.grade_id)
         elif sources[cell.grade_id].rstrip() != cell.source.rstrip():
             restored.edited.append(cell.grade_id)
+    locked = {cell.grade_id for cell in released}
+    submitted = [i for i in sources if i in locked and i in rank]
+    restored.moved = out_of_order(submitted, rank)
     return restored
+
+
+def out_of_order(names: Sequence[str], rank: dict[str, int]) -> list[str]:
+    """The fewest ``names`` that, left out, leave the others in the order ``rank`` gives
+    (the complement of a longest increasing subsequence), in the order of ``names``."""
+    best: list[list[str]] = []  # best[k]: an increasing run of length k + 1 ending lowest
+    for name in names:
+        low, high = 0, len(best)
+        while low < high:
+            middle = (low + high) // 2
+            if rank[best[middle][-1]] < rank[name]:
+                low = middle + 1
+            else:
+                high = middle
+        run = (best[low - 1] if low else []) + [name]
+        if low == len(best):
+            best.append(run)
+        else:
+            best[low] = run
+    kept = set(best[-1]) if best else set()
+    return [name for name in names if name not in kept]

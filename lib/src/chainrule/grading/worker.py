@@ -36,7 +36,7 @@ from chainrule.grading.outcomes import (
     RestoredCells,
     classify_failure,
 )
-from chainrule.grading.restore import with_restore_cells
+from chainrule.grading.restore import instructor_order, with_restore_cells
 from chainrule.grading.tamper import find_restored_cells, released_cells
 
 
@@ -65,7 +65,11 @@ def detect_restored(
     end = config.ClearHiddenTests.get("end_test_delimeter", "END HIDDEN TESTS")
     with Gradebook(layout.db_url, layout.course_id) as gb:
         released = released_cells(gb, notebook, assignment, str(begin), str(end))
-    return find_restored_cells(nb, released)
+    try:
+        order = instructor_order(config, assignment, notebook)
+    except FileNotFoundError:  # grading fails on it, and says why
+        order = []
+    return find_restored_cells(nb, released, order)
 
 
 def judged_preprocessors(preprocessors: list[Any]) -> list[Any]:
