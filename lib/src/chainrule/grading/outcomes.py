@@ -2,7 +2,7 @@
 
 nbgrader's export shows a submission that could not be graded as 0, the same as a real zero.
 The pipeline keeps its own record instead: one :class:`NotebookOutcome` per notebook and one
-:class:`StudentOutcome` per student, whose ``status`` reads ``graded``, ``graded: test cells
+:class:`StudentOutcome` per student, whose ``status`` reads ``graded``, ``graded: locked cells
 restored (...)``, ``flagged: <reason>`` or ``failed: <reason>``. A failed notebook's score is
 not a grade. A flagged one is: every point in it was earned by a test that ran as written, but
 something needs the instructor's eyes. Some tests did not run as written (they earned nothing),

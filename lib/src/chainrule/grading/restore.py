@@ -82,7 +82,11 @@ def in_instructor_order(
 ) -> list[NotebookNode]:
     """``cells`` with ``missing`` added, the instructor's cells in ``order`` and each added
     cell after the cell that preceded it."""
-    by_id = {grade_id(cell): cell for cell in cells if grade_id(cell) in order}
+    by_id: dict[str, NotebookNode] = {}
+    for cell in cells:
+        cell_id = grade_id(cell)
+        if cell_id is not None and cell_id in order:
+            by_id[cell_id] = cell
     by_id.update(missing)
     added = anchored(cells, set(by_id))
     result = list(added.get(START, []))
