@@ -14,11 +14,14 @@ import io
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
+import chainrule.grading.batch as batch
 import nbformat
 import psutil
 import pytest
-from chainrule.grading import BatchOptions, run_batch
+from chainrule.grading import BatchOptions, cgroup, run_batch
 from chainrule.grading.config import grading_env
 from chainrule.grading.gradebooks import snapshot
 from grading_course import HIDDEN_MARKER, answer, delete_cell, make_course, solve, submit
@@ -56,6 +59,10 @@ SUBMISSIONS = {
     "hidden_fail": dict(edit=_with(squares__square="def square(x):\n    return abs(x) * x")),
     "loop": dict(edit=_with(squares__square="while True:\n    pass")),
     "kill": dict(edit=_with(squares__square="import os\nos.kill(os.getpid(), 9)")),
+    "segfault": dict(edit=_with(squares__square="import ctypes\nctypes.string_at(0)")),
+    "exits_in_test": dict(
+        edit=_with(squares__square="def square(x):\n    import os\n    os._exit(3)")
+    ),
     "memory": dict(edit=_with(squares__square="hog = bytearray(6 * 2**30)")),
     "corrupt": dict(edit=solve, raw={"squares": '{"cells": [ {"cell_type": "code", '}),
     "edited": dict(edit=_with(squares__test_square="pass  # no tests here")),
@@ -75,12 +82,27 @@ EXPECTED = {  # student: (status, {notebook: status})
     "hidden_fail": ("graded", {"squares": "graded", "doubles": "graded"}),
     "loop": ("failed: timeout (squares)", {"squares": "failed: timeout", "doubles": "graded"}),
     "kill": (
-        "flagged: tests did not run as written (squares); code reaches into the kernel or the "
-        "grader (squares)",
+        "flagged: kernel died (squares); code reaches into the kernel or the grader (squares)",
         {
-            "squares": "flagged: tests did not run as written (the kernel died while running "
-            "cell 'square'); code reaches into the kernel or the grader (cell 'square', line 2: "
-            "signals to processes (`os.kill(os.getpid(), 9)`))"
+            "squares": "flagged: kernel died (the kernel died while running cell 'square'); "
+            "code reaches into the kernel or the grader (cell 'square', line 2: signals to "
+            "processes (`os.kill(os.getpid(), 9)`))"
+        },
+    ),
+    "segfault": (
+        "flagged: kernel died (squares); code reaches into the kernel or the grader (squares)",
+        {
+            "squares": "flagged: kernel died (the kernel died while running cell 'square'); "
+            "code reaches into the kernel or the grader (cell 'square', line 1: raw memory "
+            "access (ctypes) (`import ctypes`))"
+        },
+    ),
+    "exits_in_test": (
+        "flagged: kernel died (squares); code reaches into the kernel or the grader (squares)",
+        {
+            "squares": "flagged: kernel died (the kernel died while the tests ran the student's "
+            "code); code reaches into the kernel or the grader (cell 'square', line 3: exiting "
+            "the interpreter (`os._exit(3)`))"
         },
     ),
     "memory": ("failed: memory limit (squares)", {"squares": "failed: memory limit"}),
@@ -141,7 +163,7 @@ def test_real_zero_is_a_grade_and_a_failure_is_not(graded):
     blank = lines[("blank", "squares")]
     assert blank["score"] == "0" and blank["status"] == "graded"
     assert lines[("kill", "squares")]["score"] == "0"
-    assert lines[("kill", "squares")]["status"].startswith("flagged: tests did not run as written")
+    assert lines[("kill", "squares")]["status"].startswith("flagged: kernel died")
     assert lines[("memory", "squares")]["score"] == ""
 
 
@@ -247,9 +269,11 @@ def test_grading_kernels_get_a_fixed_hash_seed(graded):
     assert expected.strip() in printed
 
 
-def test_a_submission_over_its_wall_clock_limit_is_killed_and_cleaned_up(graded):
+def test_a_submission_over_its_wall_clock_limit_is_killed_and_cleaned_up(graded, monkeypatch):
     course, _, _ = graded
     submit(course, "slow", _with(squares__square="import time\ntime.sleep(600)"))
+    workspaces = Path(tempfile.mkdtemp(prefix="slow-", dir="/tmp"))
+    monkeypatch.setattr(batch, "workspaces_folder", lambda: workspaces)
     options = BatchOptions(
         "tiny",
         course.root,
@@ -266,7 +290,10 @@ def test_a_submission_over_its_wall_clock_limit_is_killed_and_cleaned_up(graded)
     assert 15 <= outcome.seconds < 60
     assert not (course.root / "autograded" / "slow" / "tiny").exists()
     leftovers = []
-    for proc in psutil.process_iter(["cwd"]):
-        if str(proc.info.get("cwd") or "").startswith(str(course.root)):
+    for proc in psutil.process_iter(["cwd", "cmdline"]):
+        where = str(proc.info.get("cwd") or "") + " ".join(proc.info.get("cmdline") or [])
+        if str(course.root) in where or str(workspaces) in where:
             leftovers.append(proc.pid)
-    assert leftovers == []  # the killed grader's kernel is gone too
+    assert leftovers == []  # the killed grader's sandbox and kernel are gone too
+    assert not workspaces.exists()
+    assert cgroup.existing("w0") == []  # and so is its control group

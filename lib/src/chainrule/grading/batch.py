@@ -31,11 +31,12 @@ from chainrule.grading.config import CourseLayout, grading_env, load_config
 from chainrule.grading.export import export_grades
 from chainrule.grading.feedback import generate_feedback
 from chainrule.grading.gradebooks import assignment_notebooks, flag_failed
-from chainrule.grading.grader import GradingJob, GradingTarget, Progress, grade_student_safely
-from chainrule.grading.outcomes import StudentOutcome
+from chainrule.grading.grader import Progress, grade_student_safely
+from chainrule.grading.outcomes import SNAPSHOT_FAILED, NotebookOutcome, StudentOutcome
 from chainrule.grading.parallel import grade_in_parallel
 from chainrule.grading.sandbox import sandbox_problem
-from chainrule.grading.snapshot import take_snapshots
+from chainrule.grading.snapshot import Snapshots, take_snapshots
+from chainrule.grading.worker import GradingJob, GradingTarget
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_MEMORY_MB = 4096
@@ -86,26 +87,28 @@ def submitted_students(layout: CourseLayout, assignment: str) -> list[str]:
     return sorted(p.name for p in layout.submitted.iterdir() if (p / assignment).is_dir())
 
 
-def make_job(options: BatchOptions, out_dir: Path) -> GradingJob:
+def make_job(options: BatchOptions, out_dir: Path, workspaces: Path) -> GradingJob:
     """The shared grading job for this batch."""
     config = load_config(options.course_root, options.config_files, options.overrides)
     layout = CourseLayout.from_config(config)
     notebooks = assignment_notebooks(layout.db_url, layout.course_id, options.assignment)
     logs = out_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    exchange = str(config.Exchange.get("root", "")) if "Exchange" in config else ""
+    hidden = [str(layout.root), str(out_dir), *([exchange] if exchange else [])]
     return GradingJob(
         assignment=options.assignment,
         layout=layout,
         config=config,
-        notebooks=notebooks,
+        notebooks=tuple(notebooks),
         logs=logs,
         env=grading_env(),
         timeout_s=options.timeout_per_submission,
         memory_limit_mb=options.memory_limit_mb,
-        config_files=[str(Path(p).resolve()) for p in options.config_files],
-        overrides=list(options.overrides),
-        isolate=options.sandbox,
         snapshots=out_dir / "snapshots",
+        workspaces=workspaces,
+        isolate=options.sandbox,
+        hidden=tuple(hidden),
     )
 
 
@@ -138,6 +141,24 @@ def grade_all(
     return outcomes
 
 
+def not_copied(job: GradingJob, student: str, error: str) -> StudentOutcome:
+    """The outcome of a student whose submission could not be copied: not graded."""
+    notebooks = [NotebookOutcome(n, reason=SNAPSHOT_FAILED, detail=error) for n in job.notebooks]
+    return StudentOutcome(student, notebooks)
+
+
+def note_snapshot(outcome: StudentOutcome, snapshots: Snapshots) -> None:
+    """Flag, on every notebook of a student, the files their snapshot left out and those named
+    like installed modules."""
+    snapshot = snapshots.students.get(outcome.student)
+    if snapshot is None:
+        return
+    files = [f"{name} was left out" for name in snapshot.skipped]
+    files += [f"{name} is named like an installed module" for name in snapshot.shadowing]
+    for notebook in outcome.notebooks:
+        notebook.files += files
+
+
 def refresh_feedback(job: GradingJob, outcomes: Sequence[StudentOutcome]) -> dict[str, str]:
     """Feedback for each fully graded student; stale feedback of the others removed.
 
@@ -156,10 +177,10 @@ def refresh_feedback(job: GradingJob, outcomes: Sequence[StudentOutcome]) -> dic
     return errors
 
 
-# A kernel's IPC sockets are <workspaces>/chainrule-kernel-XXXXXXXX/sockets/kernel-N, and a Unix
-# socket's path has at most 107 bytes.
+# A kernel's IPC sockets are <workspaces>/chainrule-student-XXXXXXXX/sockets/<notebook>/kernel-N,
+# and a Unix socket's path has at most 107 bytes (notebook names of up to 40 characters).
 SOCKET_PATH_MAX = 107
-SOCKET_PATH_IN_WORKSPACES = len("/chainrule-kernel-XXXXXXXX/sockets/kernel-N")
+SOCKET_PATH_IN_WORKSPACES = len("/chainrule-student-XXXXXXXX/sockets/") + 40 + len("/kernel-N")
 
 
 def workspaces_folder() -> Path:
@@ -185,7 +206,12 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
             raise SandboxUnavailable(f"refusing to grade without a sandbox: {problem}")
     root = Path(options.course_root).resolve()
     out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
-    job = make_job(options, out_dir)
+    workspaces = workspaces_folder()
+    try:
+        job = make_job(options, out_dir, workspaces)
+    except BaseException:
+        shutil.rmtree(workspaces, ignore_errors=True)
+        raise
     students = options.students or submitted_students(job.layout, options.assignment)
     print(
         f"Grading {options.assignment}: {len(students)} submissions, "
@@ -196,23 +222,22 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         flush=True,
     )
     snapshots = take_snapshots(
-        job.layout.submitted, options.assignment, students, out_dir / "snapshots"
+        job.layout.submitted, options.assignment, students, job.notebooks, job.snapshots
     )
+    copied = [s for s in students if snapshots.students[s].error is None]
     progress = Progress(len(students), stream, max([len(s) for s in students] + [8]))
-    job.workspaces = workspaces_folder()
     try:
-        outcomes = grade_all(job, students, options.workers, progress)
-    finally:  # a worker killed at its time limit leaves its kernel's private folder behind
+        graded = {o.student: o for o in grade_all(job, copied, options.workers, progress)}
+    finally:  # a worker killed at its time limit leaves its sandbox's private folder behind
         shutil.rmtree(job.workspaces, ignore_errors=True)
-    for outcome in outcomes:
-        for notebook in outcome.notebooks:
-            notebook.reaches_into_grader += [
-                f"the submission's {name} is not a regular file and was left out"
-                for name in snapshots.skipped.get(outcome.student, [])
-            ] + [
-                f"the submission brings {name}, named like an installed module (never imported)"
-                for name in snapshots.shadowing.get(outcome.student, [])
-            ]
+    outcomes = []
+    for student in students:
+        error = snapshots.students[student].error
+        outcome = graded[student] if error is None else not_copied(job, student, error)
+        if error is not None:
+            progress.report(outcome)
+        note_snapshot(outcome, snapshots)
+        outcomes.append(outcome)
     layout = job.layout
     flag_failed(layout.db_url, layout.course_id, options.assignment, outcomes)
     feedback_errors = refresh_feedback(job, outcomes) if options.feedback else {}

@@ -14,14 +14,13 @@ hazards (the parallel grader starts children from several threads).
 
 from __future__ import annotations
 
-import importlib
 import multiprocessing
 import os
 import resource
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,8 +107,8 @@ def kill_tree(pid: int) -> None:
 
 
 def _child(
-    target: str,
-    argv: list[str],
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
     log_path: str,
     env: dict[str, str],
     cwd: str,
@@ -127,23 +126,23 @@ def _child(
     os.chdir(cwd)
     os.setsid()
     apply_memory_limit(memory_limit_mb)
-    module, function = target.split(":")
-    code = getattr(importlib.import_module(module), function)(argv)
+    code = function(*args)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(code or 0))
 
 
 def run_limited(
-    target: str,
-    argv: Sequence[str],
+    function: Callable[..., Any],
+    args: Sequence[Any],
     timeout_s: float | None,
     log_path: str | Path,
     env: Mapping[str, str],
     cwd: str | Path,
     memory_limit_mb: int | None = None,
 ) -> LimitedRun:
-    """Call ``target`` (``"module:function"``, given ``argv``) in a limited child process.
+    """Call ``function(*args)`` (a module-level function; ``args`` are pickled) in a limited
+    child process.
 
     The child's output goes to ``log_path``; after ``timeout_s`` seconds its process tree is
     killed. Whatever happens, no descendant survives the call: a kernel left behind by a
@@ -152,7 +151,7 @@ def run_limited(
     start = time.monotonic()
     proc = _fork_context().Process(
         target=_child,
-        args=(target, list(argv), str(log_path), dict(env), str(cwd), memory_limit_mb),
+        args=(function, tuple(args), str(log_path), dict(env), str(cwd), memory_limit_mb),
         daemon=False,
     )
     proc.start()

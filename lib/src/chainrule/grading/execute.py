@@ -27,23 +27,17 @@ appears, with its line, on the first test that fails because of it (instead of t
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, Unicode
 
 from chainrule.cells import bound_names
-from chainrule.grading.config import REPRODUCIBLE_DEFAULTS
 from chainrule.grading.hidden import BEGIN_HIDDEN
-from chainrule.grading.sandbox import KernelSandbox, SandboxedKernelManager
+from chainrule.grading.sandbox import SandboxedKernelManager, StudentSandbox
 from chainrule.judging.judge import (
     GraderCallFailed,
     Judge,
@@ -173,44 +167,34 @@ def trusted_cells(db_url: str, course_id: str, assignment: str, notebook: str) -
         }
 
 
-def copy_regular_files(source: Path, destination: Path) -> list[str]:
-    """Copy the regular files under ``source`` into ``destination``; skip links and the rest.
+@dataclass
+class JudgedReport:
+    """What grading one notebook found beyond its scores (read by the batch grader): why
+    tests did not run as written, where the student's code reaches into the kernel or the
+    grader, whether the kernel died, and where the time went (seconds by part)."""
 
-    Returns the relative paths that were skipped (symbolic links, devices, sockets...).
-    """
-    skipped = []
-    destination.mkdir(parents=True, exist_ok=True)
-    for path in sorted(source.rglob("*")) if source.is_dir() else []:
-        relative = path.relative_to(source)
-        target = destination / relative
-        if path.is_symlink() or not (path.is_file() or path.is_dir()):
-            skipped.append(str(relative))
-        elif path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-        elif not any(parent.is_symlink() for parent in path.parents):
-            shutil.copyfile(path, target, follow_symlinks=False)
-    return skipped
+    not_as_written: list[str] = field(default_factory=list)
+    reaches_into_grader: list[str] = field(default_factory=list)
+    kernel_died: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, part: str, seconds: float) -> None:
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
 
 
 class JudgedExecute(ValidatingExecute):
-    """Execute for grading: the student's cells in a sandboxed kernel, the tests in a judge."""
+    """Execute for grading: the student's cells in a kernel of the student's sandbox, the
+    tests in a judge. It is made for one notebook with the sandbox of its student
+    (:class:`~chainrule.grading.sandbox.StudentSandbox`) and keeps its :attr:`report`."""
 
-    submission = Unicode(
-        "", help="folder whose regular files the kernel gets a private copy of"
-    ).tag(config=True)
-    isolate = Bool(True, help="start the kernel in the bubblewrap sandbox").tag(config=True)
-    memory_limit_mb = Integer(0, help="hard address-space limit of the kernel (0: none)").tag(
-        config=True
-    )
-    report_file = Unicode("", help="JSON file for what kept tests from running as written").tag(
-        config=True
-    )
-    workspace_root = Unicode("", help="folder for the kernels' private folders (default: tmp)").tag(
-        config=True
-    )
+    def __init__(self, sandbox: StudentSandbox, notebook: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sandbox = sandbox
+        self.notebook_name = notebook
+        self.report = JudgedReport()
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> Any:
-        """Grade one notebook: private copy, sandboxed kernel, judge, report."""
+        """Grade one notebook: a fresh home, a kernel forked in the sandbox, the judge."""
         info = (resources or {}).get("nbgrader", {})
         self._trusted = trusted_cells(
             info["db_url"], self._course_id(), info["assignment"], info["notebook"]
@@ -223,39 +207,31 @@ class JudgedExecute(ValidatingExecute):
         ]
         helpers = [c.source for c in self._trusted.values() if not c.is_test]
         protected = set().union(*(bound_names(source) for source in helpers))
-        self._report: dict[str, Any] = {
-            "not_as_written": [],
-            "reaches_into_grader": [
-                f.describe()
-                for f in reaches_into_grader([(c.label, c.source) for c in student], protected)
-            ],
-        }
+        self.report.reaches_into_grader = [
+            f.describe()
+            for f in reaches_into_grader([(c.label, c.source) for c in student], protected)
+        ]
         self._kernel_dead: str | None = None
         self.judge = Judge(self._request, student)
-        workspace = Path(
-            tempfile.mkdtemp(prefix="chainrule-kernel-", dir=self.workspace_root or None)
-        )
+        self.sandbox.fresh_home(self.notebook_name)
         try:
-            skipped = copy_regular_files(Path(self.submission), workspace / "home")
-            self._report["skipped_files"] = skipped
-            self._sandbox = KernelSandbox(
-                home=workspace / "home",
-                sockets=workspace / "sockets",
-                etc=workspace / "etc",
-                memory_limit_mb=self.memory_limit_mb or None,
-                isolate=self.isolate,
-                environment={k: os.environ[k] for k in REPRODUCIBLE_DEFAULTS if k in os.environ},
-            )
-            self._sandbox.prepare()
-            (workspace / "home" / ".tmp").mkdir(exist_ok=True)
             return super().preprocess(nb, resources, km)
         finally:
-            self._report["not_as_written"] += self.judge.failures
-            if self._kernel_dead:
-                self._report["not_as_written"].append(self._kernel_dead)
-            if self.report_file:
-                Path(self.report_file).write_text(json.dumps(self._report, indent=1))
-            shutil.rmtree(workspace, ignore_errors=True)
+            self.report.not_as_written += self.judge.failures
+            self.report.kernel_died = self._kernel_dead
+
+    def start_new_kernel(self, **kwargs: Any) -> None:
+        """Start the kernel (timed)."""
+        started = time.monotonic()
+        super().start_new_kernel(**kwargs)
+        self.report.add_time("kernel start", time.monotonic() - started)
+
+    def start_new_kernel_client(self) -> Any:
+        """Connect to the kernel and wait until it answers (timed with the start)."""
+        started = time.monotonic()
+        client = super().start_new_kernel_client()
+        self.report.add_time("kernel start", time.monotonic() - started)
+        return client
 
     def _course_id(self) -> str:
         from nbgrader.coursedir import CourseDirectory
@@ -263,10 +239,13 @@ class JudgedExecute(ValidatingExecute):
         return CourseDirectory(config=self.config).course_id
 
     def create_kernel_manager(self) -> Any:
-        """The sandboxed kernel manager of this notebook."""
+        """The kernel manager of this notebook: its kernel is forked in the student's sandbox."""
         kernel_name = self.kernel_name or self.nb.metadata.get("kernelspec", {}).get("name")
         self.km = SandboxedKernelManager(
-            self._sandbox, kernel_name=kernel_name or "python3", config=self.config
+            self.sandbox,
+            self.notebook_name,
+            kernel_name=kernel_name or "python3",
+            config=self.config,
         )
         return self.km
 
@@ -298,9 +277,16 @@ class JudgedExecute(ValidatingExecute):
         source = self._trusted_source(cell)
         self._current_index = index
         if role in (KERNEL, BOTH):
+            started = time.monotonic()
             self._run_in_kernel(cell, index, label, source)
+            self.report.add_time("student cells", time.monotonic() - started)
         if role in (JUDGE, BOTH):
+            started, before = time.monotonic(), self.report.seconds.get("kernel requests", 0.0)
             printed, error = self.judge.run_cell(source or "", label, test=role == JUDGE)
+            spent = time.monotonic() - started
+            self.report.add_time(
+                "judge", spent - (self.report.seconds.get("kernel requests", 0.0) - before)
+            )
             if role == JUDGE:
                 cell.outputs = self._verdict(printed, error, label)
                 cell.execution_count = None
@@ -348,6 +334,7 @@ class JudgedExecute(ValidatingExecute):
         request.execution_count = None
         index = self._current_index
         cell = self.nb.cells[index]
+        started = time.monotonic()
         try:
             self.execute_cell(request, index, store_history=False)
         except DeadKernelError:
@@ -355,6 +342,7 @@ class JudgedExecute(ValidatingExecute):
             raise GraderCallFailed(self._kernel_dead) from None
         finally:
             self.nb.cells[index] = cell  # nbclient stores the cell it ran at that index
+            self.report.add_time("kernel requests", time.monotonic() - started)
         return [dict(output) for output in request.outputs]
 
     def _verdict(self, printed: str, error: BaseException | None, label: str) -> list[NotebookNode]:

@@ -5,8 +5,10 @@ The pipeline keeps its own record instead: one :class:`NotebookOutcome` per note
 :class:`StudentOutcome` per student, whose ``status`` reads ``graded``, ``graded: locked cells
 restored (...)``, ``flagged: <reason>`` or ``failed: <reason>``. A failed notebook's score is
 not a grade. A flagged one is: every point in it was earned by a test that ran as written, but
-something needs the instructor's eyes. Some tests did not run as written (they earned nothing),
-or the student's code reaches into the kernel or the grader.
+something needs the instructor's eyes: the kernel died (the tests after it earned nothing), some
+tests did not run as written (they earned nothing), the student's code reaches into the kernel
+or the grader, or the submission brings files that were left out or are named like installed
+modules.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ INVALID_NOTEBOOK = "invalid notebook"
 MEMORY_LIMIT = "memory limit"
 GRADER_CRASHED = "grader crashed"
 GRADING_ERROR = "grading error"
+SANDBOX_FAILED = "sandbox failed"
+SNAPSHOT_FAILED = "submission could not be copied"
 NOT_AS_WRITTEN = "tests did not run as written"
 REACHES_INTO_GRADER = "code reaches into the kernel or the grader"
+SUBMITTED_FILES = "files to look at"
 
 #: (pattern in nbgrader's log or traceback, reason), first match wins: a corrupt file is
 #: reported before the exception it causes, memory before the dead kernel it can cause.
@@ -104,6 +109,9 @@ class NotebookOutcome:
     seconds: float = 0.0
     not_as_written: list[str] = field(default_factory=list)
     reaches_into_grader: list[str] = field(default_factory=list)
+    kernel_died: str | None = None
+    files: list[str] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -114,10 +122,14 @@ class NotebookOutcome:
     def flags(self) -> list[str]:
         """Why the instructor should look at this notebook although it was graded."""
         flags = []
+        if self.kernel_died:
+            flags.append(f"{KERNEL_DIED} ({self.kernel_died})")
         if self.not_as_written:
             flags.append(f"{NOT_AS_WRITTEN} ({self.not_as_written[0]})")
         if self.reaches_into_grader:
             flags.append(f"{REACHES_INTO_GRADER} ({self.reaches_into_grader[0]})")
+        if self.files:
+            flags.append(f"{SUBMITTED_FILES} ({self.files[0]})")
         return flags
 
     @property
@@ -158,6 +170,7 @@ class StudentOutcome:
     seconds: float = 0.0
     worker: int = 0
     log_path: str = ""
+    sandbox_s: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -207,5 +220,6 @@ class StudentOutcome:
             "seconds": round(self.seconds, 2),
             "worker": self.worker,
             "log_path": self.log_path,
+            "sandbox_s": round(self.sandbox_s, 3),
             "notebooks": [nb.to_dict() for nb in self.notebooks],
         }

@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from chainrule.grading.gradebooks import copy_gradebook, merge_submissions
-from chainrule.grading.grader import GradingJob, GradingTarget, grade_student_safely
+from chainrule.grading.grader import grade_student_safely
 from chainrule.grading.outcomes import StudentOutcome
+from chainrule.grading.worker import GradingJob, GradingTarget
 
 Report = Callable[[StudentOutcome], None]
 

@@ -1,60 +1,101 @@
-"""``python -m chainrule.grading.worker``: autograde one student's submission, notebook by notebook.
+"""Autograde one student's submission, notebook by notebook, in the student's own sandbox.
 
-The batch grader starts this module once per student in a child process (see
-:mod:`chainrule.grading.child`). It caps its own memory, then runs nbgrader's ``Autograde`` one
-notebook at a time, so that a notebook that kills its kernel or loops forever costs only itself,
-and classifies each notebook's outcome (:mod:`chainrule.grading.outcomes`). nbgrader's
-``Execute`` is replaced by :class:`~chainrule.grading.execute.JudgedExecute`: the student's
-cells run in a sandboxed kernel that sees only a private copy of the student's snapshot, and
-the test cells run here. After every notebook it rewrites a JSON record, so that if the parent
-has to kill it the record still says which notebooks were finished and which one was running.
+The batch grader runs :func:`grade_submission` once per student in a child process of its
+own (see :mod:`chainrule.grading.child`), with the batch's :class:`GradingJob`. It starts the
+student's sandbox once (:class:`~chainrule.grading.sandbox.StudentSandbox`: one interpreter
+with numpy, torch and the course library imported, which forks each notebook's kernel), then
+runs nbgrader's ``Autograde`` one notebook at a time, so that a notebook that kills its
+kernel or loops forever costs only itself, and classifies each notebook's outcome
+(:mod:`chainrule.grading.outcomes`). nbgrader's ``Execute`` is replaced by
+:class:`~chainrule.grading.execute.JudgedExecute`: the student's cells run in the sandbox, the
+test cells run here. After every notebook it rewrites a JSON record, so that if the parent has
+to kill it the record still says which notebooks were finished and which one was running.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
+import shutil
+import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import nbformat
 from traitlets.config import Config
 
-from chainrule.grading.child import apply_memory_limit
-from chainrule.grading.config import CourseLayout, load_config
+from chainrule.grading.cgroup import Cgroup
+from chainrule.grading.config import REPRODUCIBLE_DEFAULTS, CourseLayout
 from chainrule.grading.execute import JudgedExecute
-from chainrule.grading.gradebooks import assignment_notebooks
 from chainrule.grading.limits import with_output_size_limit
 from chainrule.grading.outcomes import (
     LIMIT_ERRORS,
+    SANDBOX_FAILED,
     NotebookOutcome,
     RestoredCells,
     classify_failure,
 )
 from chainrule.grading.restore import instructor_order, with_restore_cells
+from chainrule.grading.sandbox import StudentSandbox, new_workspace
 from chainrule.grading.tamper import find_restored_cells, released_cells
 
 
 @dataclass(frozen=True)
-class SandboxOptions:
-    """How this worker confines kernels: the sandbox on or off, the memory limit, and the
-    folder where :class:`JudgedExecute` writes its reports."""
+class GradingTarget:
+    """Where one grader writes: its gradebook and its autograded folder (``None``: the course's)."""
 
-    isolate: bool
+    index: int = 0
+    db_url: str | None = None
+    autograded: Path | None = None
+
+
+@dataclass(frozen=True)
+class GradingJob:
+    """What every student's grading shares, decided once by the batch: the assignment, the
+    course and its configuration, the notebooks, where the snapshots, logs and sandboxes
+    are, the limits, and the folders no sandbox may see."""
+
+    assignment: str
+    layout: CourseLayout
+    config: Config
+    notebooks: tuple[str, ...]
+    logs: Path
+    env: dict[str, str]
+    timeout_s: float | None
     memory_limit_mb: int | None
-    reports: Path
-    workspaces: Path | None = None
+    snapshots: Path
+    workspaces: Path
+    isolate: bool = True
+    hidden: tuple[str, ...] = ()
+
+    def autograded_dir(self, student: str, target: GradingTarget) -> Path:
+        """The folder the worker writes this student's autograded notebooks to."""
+        root = target.autograded or self.layout.autograded
+        return root / student / self.assignment
+
+    def files_of(self, student: str) -> Path:
+        """The snapshot of everything the student submitted (their sandbox's home)."""
+        return self.snapshots / "files" / student / self.assignment
+
+    def nbgrader_config(self, target: GradingTarget) -> Config:
+        """The course's configuration, reading the snapshots, writing to ``target``."""
+        config = Config(self.config)
+        config.CourseDirectory.submitted_directory = str(self.snapshots / "notebooks")
+        if target.db_url:
+            config.CourseDirectory.db_url = target.db_url
+        if target.autograded:
+            config.CourseDirectory.autograded_directory = str(target.autograded)
+        return config
 
 
 def detect_restored(
     layout: CourseLayout, config: Config, assignment: str, notebook: str, path: Path
 ) -> RestoredCells:
-    """The locked cells of a submitted notebook that nbgrader will restore (empty if unreadable)."""
+    """The instructor's cells of a submitted notebook that grading restores (empty if the
+    notebook cannot be read)."""
     from nbgrader.api import Gradebook
 
     try:
@@ -72,47 +113,27 @@ def detect_restored(
     return find_restored_cells(nb, released, order)
 
 
-def judged_preprocessors(preprocessors: list[Any]) -> list[Any]:
-    """nbgrader's autograde preprocessors, with the judge in place of ``Execute``."""
-    from nbgrader.preprocessors import Execute
-
-    judged = [JudgedExecute if p is Execute else p for p in preprocessors]
-    return with_output_size_limit(judged)
-
-
 def run_autograde(
-    config: Config, assignment: str, student: str, notebook: str, judging: Config
+    config: Config, assignment: str, student: str, notebook: str, executor: JudgedExecute
 ) -> dict[str, Any]:
-    """nbgrader's ``Autograde`` for one notebook: ``{"success", "log", "error"}`` like its API.
-
-    ``judging`` is the :class:`JudgedExecute` configuration of this notebook (the submission's
-    folder, the sandbox, the report file).
-    """
+    """nbgrader's ``Autograde`` for one notebook: ``{"success", "log", "error"}`` like its API,
+    with ``executor`` in place of nbgrader's ``Execute``."""
     from nbgrader.converters import Autograde
     from nbgrader.coursedir import CourseDirectory
+    from nbgrader.preprocessors import Execute
     from nbgrader.utils import capture_log
 
-    config = Config(config)
-    config.merge(judging)
     coursedir = CourseDirectory(config=config)
     coursedir.assignment_id = assignment
     coursedir.student_id = student
     coursedir.notebook_id = notebook
     app = Autograde(coursedir=coursedir, config=config)
     app.sanitize_preprocessors = with_restore_cells(list(app.sanitize_preprocessors))
-    app.autograde_preprocessors = judged_preprocessors(list(app.autograde_preprocessors))
+    chain = [executor if p is Execute else p for p in app.autograde_preprocessors]
+    app.autograde_preprocessors = with_output_size_limit(chain)
     app.force = True
     app.create_student = True
     return capture_log(app)
-
-
-def read_report(path: Path) -> dict[str, Any]:
-    """What :class:`JudgedExecute` reported for one notebook (empty if it wrote nothing)."""
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return report if isinstance(report, dict) else {}
 
 
 def limit_hit(autograded: Path) -> tuple[str | None, str]:
@@ -127,54 +148,58 @@ def limit_hit(autograded: Path) -> tuple[str | None, str]:
 
 
 def grade_notebook(
-    layout: CourseLayout,
-    config: Config,
-    assignment: str,
-    student: str,
-    notebook: str,
-    sandbox: SandboxOptions,
+    job: GradingJob, target: GradingTarget, student: str, notebook: str, sandbox: StudentSandbox
 ) -> NotebookOutcome:
-    """Autograde one notebook and say how it went."""
-    folder = layout.submission_dir(student, assignment)
-    submitted = folder / f"{notebook}.ipynb"
+    """Autograde one notebook in the student's sandbox and say how it went."""
+    config = job.nbgrader_config(target)
+    submitted = job.snapshots / "notebooks" / student / job.assignment / f"{notebook}.ipynb"
     if not submitted.exists():
         return NotebookOutcome(notebook, submitted=False)
     start = time.monotonic()
-    restored = detect_restored(layout, config, assignment, notebook, submitted)
-    report_file = sandbox.reports / f"{student}.{notebook}.json"
-    report_file.unlink(missing_ok=True)
-    judging = Config()
-    judging.JudgedExecute.submission = str(folder)
-    judging.JudgedExecute.isolate = sandbox.isolate
-    judging.JudgedExecute.memory_limit_mb = sandbox.memory_limit_mb or 0
-    judging.JudgedExecute.report_file = str(report_file)
-    if sandbox.workspaces:
-        judging.JudgedExecute.workspace_root = str(sandbox.workspaces)
-    result = run_autograde(config, assignment, student, notebook, judging)
-    report = read_report(report_file)
+    restored = detect_restored(job.layout, config, job.assignment, notebook, submitted)
+    executor = JudgedExecute(sandbox, notebook, config=config)
+    cpu_before = sandbox.group.cpu_seconds() if sandbox.group is not None else 0.0
+    result = run_autograde(config, job.assignment, student, notebook, executor)
+    report = executor.report
     outcome = NotebookOutcome(
         notebook,
         restored=restored,
-        not_as_written=[str(r) for r in report.get("not_as_written", [])],
-        reaches_into_grader=[str(r) for r in report.get("reaches_into_grader", [])],
+        not_as_written=list(report.not_as_written),
+        reaches_into_grader=list(report.reaches_into_grader),
+        kernel_died=report.kernel_died,
     )
-    autograded = layout.autograded_dir(student, assignment) / f"{notebook}.ipynb"
+    autograded = job.autograded_dir(student, target) / f"{notebook}.ipynb"
     if result.get("success") and autograded.exists():
         outcome.graded = True
         outcome.reason, outcome.detail = limit_hit(autograded)
     else:
         text = result.get("log", "") + "\n" + result.get("error", "")
         outcome.reason, outcome.detail = classify_failure(text)
+    if sandbox.group is not None and sandbox.group.memory_limit_hit() and outcome.kernel_died:
+        outcome.kernel_died += (
+            f" (the sandbox reached its memory limit of {job.memory_limit_mb} MB)"
+        )
     outcome.seconds = round(time.monotonic() - start, 2)
+    parts = dict(report.seconds)
+    parts["nbgrader"] = max(0.0, outcome.seconds - sum(parts.values()))
+    if sandbox.group is not None:
+        parts["cpu"] = sandbox.group.cpu_seconds() - cpu_before
+    outcome.parts = {k: round(v, 3) for k, v in parts.items()}
     return outcome
 
 
 class WorkerRecord:
-    """The JSON file the parent reads: finished notebooks and the one in progress."""
+    """The JSON file the parent reads: finished notebooks, the one in progress, and the
+    sandbox's start-up time."""
 
     def __init__(self, path: Path, student: str) -> None:
         self.path = path
         self.data: dict[str, Any] = {"student": student, "current": None, "notebooks": []}
+
+    def note(self, **values: Any) -> None:
+        """Record student-level facts (``sandbox_s=...``)."""
+        self.data.update(values)
+        self._write()
 
     def start(self, notebook: str) -> None:
         """Note that ``notebook`` is being graded now."""
@@ -193,60 +218,59 @@ class WorkerRecord:
         os.replace(tmp, self.path)
 
 
-def read_record(path: Path) -> tuple[list[NotebookOutcome], str | None]:
+@dataclass
+class RecordRead:
+    """What a worker's record says: finished outcomes, the notebook in progress, the rest."""
+
+    notebooks: list[NotebookOutcome] = field(default_factory=list)
+    current: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def read_record(path: Path) -> RecordRead:
     """The finished outcomes and the notebook in progress from a worker's record."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return [], None
-    return [NotebookOutcome.from_dict(r) for r in data["notebooks"]], data.get("current")
+        return RecordRead()
+    extra = {k: v for k, v in data.items() if k not in ("notebooks", "current", "student")}
+    notebooks = [NotebookOutcome.from_dict(r) for r in data["notebooks"]]
+    return RecordRead(notebooks, data.get("current"), extra)
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    """The worker's arguments; unknown ``--Class.trait=value`` ones are config overrides."""
-    parser = argparse.ArgumentParser(prog="python -m chainrule.grading.worker")
-    parser.add_argument("assignment")
-    parser.add_argument("student")
-    parser.add_argument("--course-root", default=".")
-    parser.add_argument("--record", required=True, type=Path)
-    parser.add_argument("--config-file", action="append", default=[])
-    parser.add_argument("--db-url")
-    parser.add_argument("--autograded-dir")
-    parser.add_argument("--submitted-dir")
-    parser.add_argument("--memory-limit-mb", type=int)
-    parser.add_argument("--no-sandbox", action="store_true")
-    parser.add_argument("--reports", type=Path)
-    parser.add_argument("--workspaces", type=Path)
-    return parser.parse_known_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Grade every notebook of one submission; the record holds the outcomes."""
-    args, overrides = parse_args(argv)
-    apply_memory_limit(args.memory_limit_mb)
-    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
-    config = load_config(args.course_root, args.config_file, overrides)
-    if args.db_url:
-        config.CourseDirectory.db_url = args.db_url
-    if args.autograded_dir:
-        config.CourseDirectory.autograded_directory = args.autograded_dir
-    if args.submitted_dir:
-        config.CourseDirectory.submitted_directory = args.submitted_dir
-    layout = CourseLayout.from_config(config)
-    record = WorkerRecord(args.record, args.student)
-    sandbox = SandboxOptions(
-        isolate=not args.no_sandbox,
-        memory_limit_mb=args.memory_limit_mb,
-        reports=args.reports or args.record.parent,
-        workspaces=args.workspaces,
+def grade_submission(
+    job: GradingJob, student: str, target: GradingTarget, record: Path, group: Cgroup | None
+) -> int:
+    """Grade every notebook of one submission in one sandbox (whose processes are all in
+    ``group``, when there is one); the record holds the outcomes."""
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s", force=True)
+    log = WorkerRecord(record, student)
+    sandbox = StudentSandbox(
+        workspace=new_workspace(job.workspaces),
+        files=job.files_of(student),
+        memory_limit_mb=job.memory_limit_mb,
+        isolate=job.isolate,
+        hidden=list(job.hidden),
+        environment={k: os.environ[k] for k in REPRODUCIBLE_DEFAULTS if k in os.environ},
+        group=group,
     )
-    for notebook in assignment_notebooks(layout.db_url, layout.course_id, args.assignment):
-        record.start(notebook)
-        outcome = grade_notebook(layout, config, args.assignment, args.student, notebook, sandbox)
-        logging.info("%s/%s: %s %s", args.student, notebook, outcome.status, outcome.detail)
-        record.finish(outcome)
+    try:
+        try:
+            sys.stdout.flush()
+            sandbox.start(log=sys.stdout)
+        except Exception as error:  # every notebook fails, and says why
+            detail = f"{type(error).__name__}: {error}"
+            for notebook in job.notebooks:
+                log.finish(NotebookOutcome(notebook, reason=SANDBOX_FAILED, detail=detail))
+            return 0
+        log.note(sandbox_s=round(sandbox.started_s, 3), cgroup=sandbox.group is not None)
+        for notebook in job.notebooks:
+            log.start(notebook)
+            outcome = grade_notebook(job, target, student, notebook, sandbox)
+            sandbox.reset()
+            logging.info("%s/%s: %s %s", student, notebook, outcome.status, outcome.detail)
+            log.finish(outcome)
+    finally:
+        sandbox.stop()
+        shutil.rmtree(sandbox.workspace, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""``python -P -m chainrule.grading.zygote <socket>``: a student's kernels, forked warm.
+
+The course's grader starts this program once per student, inside that student's sandbox
+(:mod:`chainrule.grading.sandbox`). It imports what every exercise imports (numpy, torch,
+torch.distributed and PyTorch's DistributedDataParallel, the course library, IPython's kernel)
+once, then serves forks on the Unix socket ``<socket>`` (:func:`serve`; the grader asks
+with :func:`request`). One request is one line of JSON, ``{"kind": …, …}``; the zygote forks,
+the child answers ``{"pid": …}`` on the same connection and then does what ``kind`` says:
+
+- ``kernel``: the kernel of one notebook (``connection_file``, ``home``, ``env``), an
+  ipykernel that starts in milliseconds because everything it would import is imported;
+- ``signal``: send a signal to the process group of a process of the sandbox (from the
+  grader, whose pids are not the sandbox's);
+- ``reset``: kill every process of the sandbox but this one (what a notebook's code left
+  running before the next notebook starts).
+
+Why: a submission's grading then costs one interpreter start and one import of torch, instead
+of one per notebook and one more per world of ranks (measured in ``BENCHMARKS.md``, family
+``grading``). Every kernel is a fresh fork of the same clean process, so the notebooks of one
+submission never see each other's state; nothing here outlives the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+#: What one kind of request runs in the forked child: the request and its connection.
+Handler = Callable[[dict[str, Any], socket.socket], None]
+
+#: What the exercises import, imported once before any fork.
+PRELOAD = (
+    "numpy",
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "cloudpickle",
+    "IPython",
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.debugger",
+    "chainrule",
+    "chainrule.checks",
+    "chainrule.dist",
+    "chainrule.dist.pool",
+    "chainrule.dist.worker",
+    "chainrule.dist.torch_backend",
+    "chainrule.judging.agent",
+    "chainrule.restart_hint",
+)
+
+
+def start_kernel(request: dict[str, Any], connection: socket.socket) -> None:
+    """The kernel of one notebook, in its own home, with the connection file given."""
+    os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
+    os.chdir(request["home"])
+    from ipykernel.kernelapp import IPKernelApp
+
+    arguments = [str(a) for a in request.get("arguments", [])]
+    sys.argv = ["ipykernel_launcher", "-f", request["connection_file"], *arguments]
+    app = IPKernelApp.instance()
+    app.initialize(sys.argv[1:])
+    app.start()
+
+
+def send_signal(request: dict[str, Any], connection: socket.socket) -> None:
+    """Signal the process group of ``pid`` (a kernel is the leader of its own)."""
+    pid, signum = int(request["pid"]), int(request["signal"])
+    try:
+        os.killpg(pid, signum)
+    except OSError:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def reset(request: dict[str, Any], connection: socket.socket) -> None:
+    """Kill every process of the sandbox but the zygote, its ancestors and this one (without
+    the sandbox, ``--no-sandbox``: every descendant of the zygote but this one)."""
+    zygote = os.getppid()
+    keep = {os.getpid(), *_ancestors(os.getpid())}
+    sandboxed = os.environ.get("CHAINRULE_SANDBOXED") == "1"
+    for _ in range(20):
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep]
+        if not sandboxed:
+            pids = [p for p in pids if zygote in _ancestors(p)]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _ancestors(pid: int) -> list[int]:
+    found = []
+    while (pid := _parent(pid)) > 0:
+        found.append(pid)
+    return found
+
+
+def serve(address: str, handlers: Mapping[str, Handler]) -> None:
+    """Fork one child per request on the Unix socket ``address``, until standard input
+    closes (the grader holds its other end: when the grader goes, so does the zygote)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(16)
+    signal.signal(signal.SIGCHLD, _reap)
+    threading.Thread(target=_exit_with_stdin, daemon=True).start()
+    while True:
+        try:
+            connection, _ = listener.accept()
+        except InterruptedError:
+            continue
+        request = _read_line(connection)
+        handler = handlers.get(str(request.get("kind")))
+        if handler is None:  # a probe, or a request of no known kind
+            connection.close()
+            continue
+        if os.fork() == 0:
+            _run_child(listener, connection, handler, request)
+        connection.close()
+
+
+def _run_child(
+    listener: socket.socket, connection: socket.socket, handler: Handler, request: dict[str, Any]
+) -> None:
+    """In the forked child: a process group of its own, default signals, then the handler."""
+    try:
+        listener.close()
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        connection.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        handler(request, connection)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def request(address: str, kind: str, payload: Mapping[str, Any]) -> tuple[int, socket.socket]:
+    """Ask the zygote at ``address`` for a child of ``kind``: its pid and the connection."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(address)
+        sock.sendall(json.dumps({"kind": kind, **payload}).encode() + b"\n")
+        answer = _read_line(sock)
+    except BaseException:
+        sock.close()
+        raise
+    if "pid" not in answer:
+        sock.close()
+        raise ConnectionError(f"the zygote at {address} did not start a {kind!r}")
+    return int(answer["pid"]), sock
+
+
+def _read_line(sock: socket.socket) -> dict[str, Any]:
+    """One line of JSON from ``sock`` (an empty object if it closes first)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        line += chunk
+    try:
+        value = json.loads(line) if line.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _reap(*_: Any) -> None:
+    """Collect every child that has exited (kernels, helpers), so none stays a zombie."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _exit_with_stdin() -> None:
+    while os.read(0, 1):
+        pass
+    os._exit(0)
+
+
+HANDLERS = {"kernel": start_kernel, "signal": send_signal, "reset": reset}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Import, say so, then serve forks until the grader closes our standard input."""
+    import importlib
+
+    (address,) = list(sys.argv[1:] if argv is None else argv)
+    for module in PRELOAD:
+        importlib.import_module(module)
+    with open(address + ".ready", "w") as ready:
+        ready.write(str(os.getpid()))
+    serve(address, HANDLERS)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
