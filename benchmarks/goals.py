@@ -141,6 +141,22 @@ GOALS: tuple[Goal, ...] = (
     ),
     Goal(
         "grading",
+        "one submission's grading ≤ 2× its floor (one interpreter running its code once), "
+        "every assignment",
+        ("grading.parts.check_yourself", "grading.parts.sharded", "grading.parts.training"),
+        ("ratio",),
+        2.0,
+        checks=("graded",),
+    ),
+    Goal(
+        "grading",
+        "1,000 check_yourself submissions ≤ 1 hour with 2 workers",
+        ("grading.class",),
+        ("seconds",),
+        3600.0,
+    ),
+    Goal(
+        "grading",
         "sandboxed grading ≤ 1.15× the same batch with --no-sandbox, identical grades",
         ("grading.sandbox",),
         ("ratio",),

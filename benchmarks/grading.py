@@ -1,18 +1,25 @@
-"""Autograding throughput of ``check_yourself``: one student, and a batch with 1 and 2 workers.
+"""Autograding: where one submission's time goes, against its floor, and a class's throughput.
 
-Everything happens in a temporary copy of the course (its ``nbgrader_config.py`` and
-``source/check_yourself``, released there with ``nbgrader generate_assignment``), never in the
+Everything happens in temporary copies of the course (its ``nbgrader_config.py`` and the
+assignment's ``source/``, released there with ``nbgrader generate_assignment``), never in the
 repository's own gradebook, ``submitted/`` or ``autograded/``. Submission k is the release with
 the instructor's solutions filled in, except that for k ≥ 1 solution cell (k − 1) mod n (of the
 n solution cells, counted over the notebooks in order) is left as the student got it, so the
 students' grades differ.
 
-Each measurement is a fresh ``python -m chainrule.grading batch check_yourself --no-feedback``
-on its own copy of the generated course (feedback generation is sequential and not part of
-autograding). The batch with 2 workers must give every student exactly the grades of the
-sequential batch (the ``identical_grades`` field). The sandbox's cost is measured the same way:
-sequential batches with every kernel in bubblewrap against batches with ``--no-sandbox``,
-alternated, with identical grades.
+- ``grading.parts.<assignment>``: one instructor submission of each assignment, graded by a
+  fresh ``python -m chainrule.grading batch <assignment> --no-feedback``; the row's time is the
+  student's wall time in the batch and its parts (from the batch's ``summary.json``) are the
+  sandbox's start (of which its zygote's imports), and per notebook the kernel's start, the
+  student's cells, the judge's own work, the kernel's answers to the judge's requests and
+  nbgrader's steps (reading, restoring, saving to the gradebook, writing the notebook). The
+  baseline is the **floor**: one fresh interpreter that runs every code cell of the instructor's
+  notebooks once, in order (solutions, helpers and tests, hidden ones included), which is the
+  work the grade rests on without any grading machinery.
+- ``grading.batch``: a batch of ``check_yourself`` submissions, sequential and with 2 workers,
+  with identical grades; ``grading.class``: the 2-worker batch's time per student times 1,000.
+- ``grading.sandbox``: the sequential batch with every kernel in bubblewrap against the same
+  batch with ``--no-sandbox``, with identical grades.
 """
 
 from __future__ import annotations
@@ -48,16 +55,18 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
     )
 
 
-def prepare_course(root: Path, notebooks: Sequence[str] | None = None) -> Path:
-    """A course under ``root`` with ``check_yourself`` generated into its own gradebook.
+def prepare_course(
+    root: Path, notebooks: Sequence[str] | None = None, assignment: str = ASSIGNMENT
+) -> Path:
+    """A course under ``root`` with ``assignment`` generated into its own gradebook.
 
     ``notebooks``: only these of the assignment's notebooks (names without ``.ipynb``; default
-    all five), for a smaller course.
+    all of them), for a smaller course.
     """
     course = root / "course"
     (course / "source").mkdir(parents=True)
     shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
-    source = REPO / "source" / ASSIGNMENT
+    source = REPO / "source" / assignment
     keep = None if notebooks is None else {f"{name}.ipynb" for name in notebooks}
 
     def ignore(folder: str, names: list[str]) -> list[str]:
@@ -65,8 +74,8 @@ def prepare_course(root: Path, notebooks: Sequence[str] | None = None) -> Path:
             return []
         return [n for n in names if n.endswith(".ipynb") and n not in keep]
 
-    shutil.copytree(source, course / "source" / ASSIGNMENT, ignore=ignore)
-    proc = _run(["-m", "nbgrader", "generate_assignment", ASSIGNMENT, "--force"], course, 900)
+    shutil.copytree(source, course / "source" / assignment, ignore=ignore)
+    proc = _run(["-m", "nbgrader", "generate_assignment", assignment, "--force"], course, 900)
     if proc.returncode != 0:
         raise RuntimeError(f"generate_assignment failed:\n{proc.stderr[-4000:]}")
     return course
@@ -87,28 +96,28 @@ def instructor_code(source: str) -> str:
     return "\n".join(lines)
 
 
-def solution_cells(course: Path) -> int:
+def solution_cells(course: Path, assignment: str = ASSIGNMENT) -> int:
     """The number of code solution cells over the assignment's notebooks."""
-    notebooks = (course / "source" / ASSIGNMENT).glob("*.ipynb")
+    notebooks = (course / "source" / assignment).glob("*.ipynb")
     return sum(_is_solution(cell) for path in notebooks for cell in nbformat.read(path, 4).cells)
 
 
-def write_submissions(course: Path, count: int) -> list[str]:
+def write_submissions(course: Path, count: int, assignment: str = ASSIGNMENT) -> list[str]:
     """Students ``s00``... in ``submitted/``; see the module docstring for what they answer."""
     students = []
-    notebooks = sorted((course / "source" / ASSIGNMENT).glob("*.ipynb"))
+    notebooks = sorted((course / "source" / assignment).glob("*.ipynb"))
     for k in range(count):
         student = f"s{k:02d}"
-        folder = course / "submitted" / student / ASSIGNMENT
+        folder = course / "submitted" / student / assignment
         folder.mkdir(parents=True)
         index = 0
-        skipped = None if k == 0 else (k - 1) % solution_cells(course)
+        skipped = None if k == 0 else (k - 1) % solution_cells(course, assignment)
         for source_path in notebooks:
             source = nbformat.read(source_path, as_version=4)
             answers = {
                 _grade_id(c): instructor_code(c.source) for c in source.cells if _is_solution(c)
             }
-            nb = nbformat.read(course / "release" / ASSIGNMENT / source_path.name, as_version=4)
+            nb = nbformat.read(course / "release" / assignment / source_path.name, as_version=4)
             for cell in nb.cells:
                 if _is_solution(cell):
                     if index != skipped:
@@ -120,11 +129,16 @@ def write_submissions(course: Path, count: int) -> list[str]:
 
 
 def grade_batch(
-    course: Path, workers: int, students: list[str] | None = None, sandbox: bool = True
+    course: Path,
+    workers: int,
+    students: list[str] | None = None,
+    sandbox: bool = True,
+    assignment: str = ASSIGNMENT,
 ) -> tuple[float, Grades]:
-    """Wall seconds of one ``chainrule.grading batch`` run, and the grades it recorded."""
+    """Wall seconds of one ``chainrule.grading batch`` run, and the grades it recorded (its
+    ``summary.json`` is in ``course/grades/workers-<workers>``)."""
     out = course / "grades" / f"workers-{workers}"
-    args = ["-m", "chainrule.grading", "batch", ASSIGNMENT, "--course-root", str(course)]
+    args = ["-m", "chainrule.grading", "batch", assignment, "--course-root", str(course)]
     args += ["--workers", str(workers), "--no-feedback", "--out", str(out)]
     if not sandbox:
         args.append("--no-sandbox")
@@ -197,111 +211,158 @@ def distinct_grades(grades: Grades) -> int:
     return len({tuple(sorted(entry.items())) for entry in grades.values()})
 
 
+#: Runs every code cell of an assignment's source notebooks in one fresh interpreter (argv: the
+#: assignment's source folder): the floor of grading it.
+FLOOR_SCRIPT = """
+import sys
+from pathlib import Path
+import nbformat
+for path in sorted(Path(sys.argv[1]).glob("*.ipynb")):
+    namespace = {"__name__": "__main__"}
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code":
+            exec(compile(cell.source, str(path), "exec"), namespace)
+"""
+
+#: The parts of one notebook's grading the batch records, in the order the report lists them.
+NOTEBOOK_PARTS = ("kernel start", "student cells", "judge", "kernel requests", "nbgrader")
+
+
+def floor_seconds(course: Path, assignment: str) -> float:
+    """Wall seconds of one fresh interpreter running every code cell of the assignment's
+    source notebooks once (see :data:`FLOOR_SCRIPT`), in a scratch folder."""
+    with tempfile.TemporaryDirectory(prefix="floor-") as scratch:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-c", FLOOR_SCRIPT, str(course / "source" / assignment)],
+            cwd=scratch,
+            env=bench_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"the floor of {assignment} failed:\n{proc.stderr[-4000:]}")
+    return seconds
+
+
+def student_parts(summary_json: Path, student: str) -> tuple[float, dict[str, float], str]:
+    """One student's wall seconds in a batch, its parts summed over the notebooks (plus the
+    sandbox's start, its imports, and what lies outside any notebook), and its status."""
+    record = next(
+        r for r in json.loads(summary_json.read_text())["students"] if r["student"] == student
+    )
+    parts = {"sandbox start": float(record.get("sandbox_s", 0.0))}
+    parts["of which imports"] = float(record.get("imports_s", 0.0))
+    for name in NOTEBOOK_PARTS:
+        parts[name] = sum(float(nb.get("parts", {}).get(name, 0.0)) for nb in record["notebooks"])
+    notebooks_s = sum(float(nb.get("seconds", 0.0)) for nb in record["notebooks"])
+    parts["outside notebooks"] = max(0.0, record["seconds"] - parts["sandbox start"] - notebooks_s)
+    parts["cpu in the sandbox"] = sum(
+        float(nb.get("parts", {}).get("cpu", 0.0)) for nb in record["notebooks"]
+    )
+    return float(record["seconds"]), parts, record["status"]
+
+
+def measure_parts(tmp: Path, assignment: str, notebooks: Sequence[str] | None = None) -> Row:
+    """The row ``grading.parts.<assignment>``: one instructor submission against the floor
+    (``notebooks``: only these notebooks of the assignment)."""
+    course = prepare_course(tmp / f"parts-{assignment}", notebooks, assignment)
+    (student,) = write_submissions(course, 1, assignment)
+    floor = floor_seconds(course, assignment)
+    grade_batch(course, 1, [student], assignment=assignment)
+    seconds, parts, status = student_parts(
+        course / "grades" / "workers-1" / "summary.json", student
+    )
+    notebooks = len(list((course / "release" / assignment).glob("*.ipynb")))
+    return make_row(
+        f"grading.parts.{assignment}",
+        f"one instructor submission of {assignment} ({notebooks} notebooks)",
+        seconds,
+        floor,
+        "the floor: one interpreter running the notebooks' code once",
+        seconds / floor,
+        graded=status == "graded",
+        **{name: round(value, 2) for name, value in parts.items()},
+    )
+
+
 def measure(
     quick: bool = False,
     submissions: int | None = None,
     notebooks: Sequence[str] | None = None,
-    single: bool = True,
-    rounds: int | None = None,
+    assignments: Sequence[str] = ("check_yourself", "sharded", "training"),
     sandboxed: bool = True,
 ) -> list[Row]:
-    """One student alone, then the batch sequential and with 2 workers, each on its own copy.
+    """Each assignment's parts against its floor, then the ``check_yourself`` batch.
 
-    ``submissions``: the batch size (default 20, 3 when ``quick``); ``notebooks``: grade only
-    these notebooks of the assignment (default all five); ``single``: also time one student
-    on a course of their own (the row ``grading.single``); ``rounds``: batches of each kind
-    (default 2, 1 when ``quick``), run in the order sequential, 2 workers, 2 workers,
-    sequential...: a machine that drifts slower or faster during the measurement (this one
-    does, by tens of percent) then weighs on both kinds alike. The speedup is the total time of
-    the sequential batches over that of the parallel ones. ``sandboxed``: also time sequential
-    batches without the sandbox, alternated with the sandboxed ones (the row
-    ``grading.sandbox``: sandboxed over unsandboxed time).
+    ``submissions``: the batch size (default 8, 3 when ``quick``); ``notebooks``: grade only
+    these notebooks of ``check_yourself`` (default all five); ``assignments``: the
+    assignments whose parts are measured (``quick``: ``check_yourself`` only). The batch runs
+    sequentially, then with 2 workers; the sequential batch is also run with ``--no-sandbox``
+    (``sandboxed``), right after the sandboxed one, with the same submissions.
     """
-    count = submissions or (3 if quick else 20)
-    rounds = rounds or (1 if quick else 2)
-    order = [w for r in range(rounds) for w in ((1, 2) if r % 2 == 0 else (2, 1))]
-    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
-        template = prepare_course(Path(tmp) / "template", notebooks)
-        students = write_submissions(template, count)
-        notebook_count = len(list((template / "release" / ASSIGNMENT).glob("*.ipynb")))
-        seconds: dict[int, list[float]] = {1: [], 2: []}
-        batches = []
-        for index, workers in enumerate(order):
-            copy = Path(tmp) / f"batch-{index}-workers-{workers}"
-            shutil.copytree(template, copy)
-            elapsed, grades = grade_batch(copy, workers)
-            seconds[workers].append(elapsed)
-            batches.append((f"batch {index + 1} ({workers} worker(s))", copy, grades))
-        reference = batches[0]
-        differences = []
-        for other in batches[1:]:
-            differences += grade_differences(reference, other)
-        sandbox_s: dict[bool, list[float]] = {True: [], False: []}
-        sandbox_differences: list[str] = []
-        if sandboxed:
-            plain = []
-            for index, isolate in enumerate([False, True, True, False][: 2 * rounds]):
-                copy = Path(tmp) / f"sandbox-{index}-{isolate}"
-                shutil.copytree(template, copy)
-                elapsed, grades = grade_batch(copy, 1, sandbox=isolate)
-                sandbox_s[isolate].append(elapsed)
-                plain.append((f"batch {'in' if isolate else 'without'} the sandbox", copy, grades))
-            sandbox_differences = [
-                d for other in plain for d in grade_differences(reference, other)
-            ]
-        if single:
-            copy = Path(tmp) / "single"
-            shutil.copytree(template, copy)
-            single_s, alone = grade_batch(copy, 1, students[:1])
-            differences += grade_differences(
-                ("single", copy, alone), reference, same_students=False
-            )
-    identical = not differences
-    sequential_s, parallel_s = sum(seconds[1]), sum(seconds[2])
+    count = submissions or (3 if quick else 8)
     rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-grading-") as tmp:
+        for assignment in assignments[:1] if quick else assignments:
+            only = notebooks if assignment == ASSIGNMENT else None
+            rows.append(measure_parts(Path(tmp), assignment, only))
+        template = prepare_course(Path(tmp) / "template", notebooks)
+        write_submissions(template, count)
+        batches = []
+        kinds = [(1, True), *([(1, False)] if sandboxed else []), (2, True)]
+        seconds = {}
+        for workers, isolate in kinds:
+            copy = Path(tmp) / f"batch-{workers}-{'sandbox' if isolate else 'plain'}"
+            shutil.copytree(template, copy)
+            elapsed, grades = grade_batch(copy, workers, sandbox=isolate)
+            seconds[(workers, isolate)] = elapsed
+            batches.append((f"{workers} worker(s), sandbox {isolate}", copy, grades))
+        differences = [d for other in batches[1:] for d in grade_differences(batches[0], other)]
+    identical = not differences
+    noted = {"differences": "; ".join(differences)} if differences else {}
+    sequential_s, parallel_s = seconds[(1, True)], seconds[(2, True)]
     if sandboxed:
-        inside, outside = sum(sandbox_s[True]), sum(sandbox_s[False])
-        each = len(sandbox_s[True])
+        plain_s = seconds[(1, False)]
         rows.append(
             make_row(
                 "grading.sandbox",
                 f"batch of {count} submissions, sequential, every kernel in bubblewrap",
-                inside / each,
-                outside / each,
+                sequential_s,
+                plain_s,
                 "the same batch with --no-sandbox",
-                inside / outside,
-                per_student_sandboxed_s=inside / each / count,
-                per_student_unsandboxed_s=outside / each / count,
-                identical_grades=not sandbox_differences,
-                **({"differences": "; ".join(sandbox_differences)} if sandbox_differences else {}),
-            )
-        )
-    if single:
-        rows.append(
-            make_row(
-                "grading.single",
-                f"autograde one student's {ASSIGNMENT} ({notebook_count} notebooks), one batch",
-                single_s,
-                all_graded=all_graded(alone),
+                sequential_s / plain_s,
+                per_student_sandboxed_s=sequential_s / count,
+                per_student_unsandboxed_s=plain_s / count,
+                identical_grades=identical,
+                **noted,
             )
         )
     rows.append(
         make_row(
             "grading.batch",
             f"batch of {count} submissions: sequential / 2 workers",
-            sequential_s / rounds,
-            parallel_s / rounds,
+            sequential_s,
+            parallel_s,
             "the same batch with 2 workers",
             sequential_s / parallel_s,
             speedup=sequential_s / parallel_s,
-            speedups=", ".join(f"{a / b:.2f}" for a, b in zip(seconds[1], seconds[2], strict=True)),
-            per_student_s=sequential_s / rounds / count,
+            per_student_s=sequential_s / count,
             identical_grades=identical,
             all_graded=all(all_graded(grades) for _, _, grades in batches),
-            distinct_grades=distinct_grades(reference[2]),
+            distinct_grades=distinct_grades(batches[0][2]),
             submissions=count,
-            batches=len(order),
-            **({"differences": "; ".join(differences)} if differences else {}),
+            **noted,
+        )
+    )
+    rows.append(
+        make_row(
+            "grading.class",
+            "a class of 1,000 check_yourself submissions with 2 workers (projected)",
+            parallel_s / count * 1000,
+            per_student_2_workers_s=parallel_s / count,
         )
     )
     return rows

@@ -124,20 +124,24 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "grading",
-        "Autograding throughput",
+        "Autograding: where the time goes, and a class's throughput",
         "benchmarks.grading:measure",
         1,
-        "In a temporary copy of the course: `check_yourself` generated there, 20 submissions "
-        "(3 with `--quick`) with different answers, each batch a fresh `python -m "
-        "chainrule.grading batch check_yourself --no-feedback` on its own copy, in the order "
-        "sequential, 2 workers, 2 workers, sequential (one of each with `--quick`), so that "
-        "the machine's drift weighs on both kinds. The batch row's subject is the mean "
-        "sequential batch and its baseline the mean batch with `--workers 2`; its ratio, the "
-        "speedup, is their totals' ratio (*speedups*: each pair's). *identical grades*: every "
-        "student's per-notebook statuses and scores and total agree between all the batches "
-        "(and with the single-student run). The sandbox row compares sequential batches with "
-        "every kernel in bubblewrap against the same batches with `--no-sandbox`, alternated "
-        "(without, with, with, without), with identical grades.",
+        "In temporary copies of the course. *parts*: one instructor submission of each "
+        "assignment graded by a fresh `python -m chainrule.grading batch <assignment> "
+        "--no-feedback`; its time is the student's wall time in the batch, split (from the "
+        "batch's summary) into the sandbox's start (of which its zygote's imports of numpy, "
+        "torch and the course library), and over the notebooks the kernels' starts (forked by "
+        "the zygote), the student's cells, the judge's own work, the kernel's answers to the "
+        "judge's requests, nbgrader's steps (reading, restoring, the gradebook, writing), and "
+        "what lies outside any notebook (the grading child, the snapshot); *cpu in the sandbox* "
+        "is the student's control group's CPU time. Its baseline is the floor: one fresh "
+        "interpreter running every code cell of the instructor's notebooks once (solutions, "
+        "helpers and tests, hidden ones included). *batch*: 8 `check_yourself` submissions "
+        "(3 with `--quick`) with different answers, sequential, then the same sequential "
+        "batch with `--no-sandbox` (the sandbox row), then with 2 workers, each on its own copy; "
+        "*identical grades*: every student's per-notebook statuses and scores agree between the "
+        "three. *class*: the 2-worker batch's time per student, times 1,000.",
     ),
     Family(
         "training",

@@ -183,15 +183,22 @@ def test_startup_rows():
 
 @pytest.mark.slow
 @pytest.mark.sandbox
-def test_grading_parallel_grades_equal_sequential():
-    rows = grading.measure(submissions=2, notebooks=["ex1_equal_shards"], single=False, rounds=1)
-    check_rows(rows, ["grading.sandbox", "grading.batch"])
-    sandbox = rows[0]["extra"]
-    assert sandbox["identical_grades"] is True and rows[0]["ratio"] > 0
-    extra = rows[1]["extra"]
+def test_grading_parts_and_batches_run_on_their_smallest_size():
+    rows = grading.measure(
+        submissions=2, notebooks=["ex1_equal_shards"], assignments=("check_yourself",)
+    )
+    check_rows(
+        rows, ["grading.parts.check_yourself", "grading.sandbox", "grading.batch", "grading.class"]
+    )
+    parts = rows[0]["extra"]
+    assert parts["graded"] is True
+    assert 0 < parts["of which imports"] < parts["sandbox start"]
+    assert parts["kernel start"] > 0 and parts["nbgrader"] > 0
+    assert rows[1]["extra"]["identical_grades"] is True
+    extra = rows[2]["extra"]
     assert extra["identical_grades"] is True and extra["all_graded"] is True
-    assert extra["batches"] == 2 and extra["speedups"].count(",") == 0
     assert extra["distinct_grades"] == 2  # the second student left a cell unanswered
+    assert rows[3]["seconds"] == pytest.approx(rows[2]["baseline_seconds"] / 2 * 1000)
 
 
 def test_grading_submissions_leave_one_cell_each(tmp_path):

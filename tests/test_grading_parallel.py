@@ -98,7 +98,7 @@ def test_repeated_parallel_runs_give_identical_grades(tmp_path):
         submit(course, student, STUDENTS[student])
     course_id = "autograd-distributed"
     books, statuses = [], []
-    for _ in range(5):
+    for _ in range(3):  # kernels talk over sockets in folders of their own: nothing to collide
         result = _grade(course.root, workers=2)
         statuses.append([o.status for o in result.outcomes])
         books.append(snapshot(f"sqlite:///{course.root / 'gradebook.db'}", course_id, "tiny"))

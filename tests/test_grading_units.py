@@ -246,8 +246,8 @@ def allocate(argv):
 def test_run_limited_kills_the_whole_tree_on_timeout(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     run = run_limited(
-        "test_grading_units:spawn_sleeper_and_hang",
-        [str(pid_file)],
+        spawn_sleeper_and_hang,
+        [[str(pid_file)]],
         timeout_s=3,
         log_path=tmp_path / "log.txt",
         env=grading_env(),
@@ -260,13 +260,9 @@ def test_run_limited_kills_the_whole_tree_on_timeout(tmp_path):
 
 def test_run_limited_memory_cap_gives_a_clean_memory_error(tmp_path):
     log = tmp_path / "log.txt"
-    capped = run_limited(
-        "test_grading_units:allocate", ["2048"], 60, log, grading_env(), tmp_path, 1024
-    )
+    capped = run_limited(allocate, [["2048"]], 60, log, grading_env(), tmp_path, 1024)
     assert capped.returncode == 7 and "MemoryError" in log.read_text()
-    free = run_limited(
-        "test_grading_units:allocate", ["64"], 60, log, grading_env(), tmp_path, 1024
-    )
+    free = run_limited(allocate, [["64"]], 60, log, grading_env(), tmp_path, 1024)
     assert free.returncode == 0 and not free.timed_out
 
 

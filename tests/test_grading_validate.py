@@ -94,3 +94,26 @@ def test_a_cell_over_its_time_limit_is_named_with_the_limit(broken, capsys):
     assert main(["validate", str(work / "slow.ipynb"), "--course-root", str(root)]) == 1
     report = capsys.readouterr().out
     assert "cell 'double' ran past its 3 s time limit" in report
+
+
+def test_kernels_forked_by_a_zygote_give_the_same_verdicts(notebooks, tmp_path):
+    """The warm path the assignment tests validate with: the same exit codes as fresh
+    kernels, and nothing of one notebook's kernel left for the next."""
+    import io
+
+    from chainrule.grading import validate_notebook
+    from chainrule.grading.sandbox import StudentSandbox
+
+    root, work = notebooks
+    (tmp_path / "files").mkdir()
+    sandbox = StudentSandbox(tmp_path / "sandbox", tmp_path / "files", None, isolate=False)
+    sandbox.start(log=None)
+    try:
+        codes = {}
+        for name in ("solved", "blank", "solved", "edited_test"):
+            report = io.StringIO()
+            code = validate_notebook(work / f"{name}.ipynb", root, stream=report, sandbox=sandbox)
+            codes.setdefault(name, set()).add(code)
+        assert codes == {"solved": {0}, "blank": {1}, "edited_test": {1}}
+    finally:
+        sandbox.stop()

@@ -1,4 +1,7 @@
-"""Shared test settings for the library: hypothesis kept cheap, float64 torch, a seeded rng."""
+"""Shared test settings for the library: hypothesis kept cheap (and derandomized in CI, where
+``CI`` is set: the same examples on every run), float64 torch, a seeded rng."""
+
+import os
 
 import numpy as np
 import pytest
@@ -9,7 +12,8 @@ settings.register_profile(
     max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-    derandomize=False,
+    derandomize=bool(os.environ.get("CI")),
+    print_blob=True,
 )
 settings.load_profile("chainrule")
 

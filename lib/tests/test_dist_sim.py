@@ -526,7 +526,7 @@ def test_several_ranks_raising_report_the_lowest():
 def test_a_slow_rank_times_out_naming_the_missing_rank():
     def fn():
         if dist.rank() == 2:
-            time.sleep(0.6)
+            time.sleep(60)
         dist.all_reduce(1.0)
 
     start = time.monotonic()
@@ -535,7 +535,7 @@ def test_a_slow_rank_times_out_naming_the_missing_rank():
         "all_reduce #0 timed out after 0.2 s: ranks 0, 1, 3 arrived but rank 2 was still "
         "running its own code"
     )
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 30  # the sleep was cut short, however busy the machine
 
 
 def test_a_rank_stuck_in_a_loop_is_interrupted():
@@ -807,10 +807,10 @@ def test_ctrl_c_ends_the_waiting_ranks_and_runs_their_cleanup():
 
 def test_the_timeout_bounds_each_ranks_own_code_not_the_whole_round():
     def fn():
-        time.sleep(0.15)  # the ranks run one after the other: 0.6 s in all, 0.15 s each
+        time.sleep(0.3)  # the ranks run one after the other: 1.8 s in all, 0.3 s each
         return dist.all_reduce(1.0)
 
-    assert dist.run(fn, 4, timeout=0.3) == [4.0] * 4
+    assert dist.run(fn, 6, timeout=1.2) == [6.0] * 6
 
 
 def test_no_timeout_once_every_other_rank_has_returned():
@@ -848,11 +848,11 @@ def test_the_timeout_restarts_for_each_rank():
     def fn():
         total = 0.0
         for _ in range(3):
-            time.sleep(0.1)  # 0.4 s per round in all, 0.1 s per rank
+            time.sleep(0.4)  # 1.2 s of each rank's own code in all, 0.4 s between collectives
             total += float(dist.all_reduce(1.0))
         return total
 
-    assert dist.run(fn, 4, timeout=0.3) == [12.0] * 4
+    assert dist.run(fn, 2, timeout=1.0) == [6.0] * 2
 
 
 def test_a_rank_stuck_after_a_few_collectives_is_interrupted():

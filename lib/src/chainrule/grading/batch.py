@@ -177,10 +177,10 @@ def refresh_feedback(job: GradingJob, outcomes: Sequence[StudentOutcome]) -> dic
     return errors
 
 
-# A kernel's IPC sockets are <workspaces>/chainrule-student-XXXXXXXX/sockets/<notebook>/kernel-N,
+# A kernel's IPC sockets are <workspaces>/student-XXXXXXXX/ipc/<notebook>/kernel-N,
 # and a Unix socket's path has at most 107 bytes (notebook names of up to 40 characters).
 SOCKET_PATH_MAX = 107
-SOCKET_PATH_IN_WORKSPACES = len("/chainrule-student-XXXXXXXX/sockets/") + 40 + len("/kernel-N")
+SOCKET_PATH_IN_WORKSPACES = len("/student-XXXXXXXX/ipc/") + 40 + len("/kernel-N")
 
 
 def workspaces_folder() -> Path:

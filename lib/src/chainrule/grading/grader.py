@@ -81,6 +81,7 @@ def grade_student(job: GradingJob, student: str, target: GradingTarget) -> Stude
         worker=target.index,
         log_path=str(log_path),
         sandbox_s=float(read.extra.get("sandbox_s", 0.0)),
+        imports_s=float(read.extra.get("imports_s", 0.0)),
     )
     if not outcome.fully_graded and dest.exists():
         shutil.rmtree(dest)

@@ -38,7 +38,7 @@ _FAILURE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"DeadKernelError|Kernel died", KERNEL_DIED),
     (
         r"Timeout waiting for IOPub|CellTimeoutError|UnresponsiveKernelError|TimeoutError"
-        r"|Timeout waiting for execute reply",
+        r"|Timeout waiting for execute reply|Kernel didn't respond",
         TIMEOUT,
     ),
     (r"ValidationError|Notebook JSON is invalid|SchemaTooOld|SchemaTooNew", INVALID_NOTEBOOK),
@@ -112,6 +112,9 @@ class NotebookOutcome:
     kernel_died: str | None = None
     files: list[str] = field(default_factory=list)
     parts: dict[str, float] = field(default_factory=dict)
+    #: Why the notebook was graded a second time (its first run hit a time limit, which a
+    #: busy machine can cause); the grade and status are the second run's.
+    retried: str = ""
 
     @property
     def failed(self) -> bool:
@@ -170,7 +173,9 @@ class StudentOutcome:
     seconds: float = 0.0
     worker: int = 0
     log_path: str = ""
+    #: Seconds the sandbox took to start, and of those, its zygote's imports.
     sandbox_s: float = 0.0
+    imports_s: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -221,5 +226,6 @@ class StudentOutcome:
             "worker": self.worker,
             "log_path": self.log_path,
             "sandbox_s": round(self.sandbox_s, 3),
+            "imports_s": round(self.imports_s, 3),
             "notebooks": [nb.to_dict() for nb in self.notebooks],
         }

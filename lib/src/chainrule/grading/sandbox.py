@@ -33,6 +33,7 @@ TCP port of a process in its own network namespace can be reached from outside. 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -157,7 +158,7 @@ class StudentSandbox:
     """One student's sandbox: its folders, its control group and its zygote.
 
     ``workspace`` holds ``homes/<notebook>`` (a fresh copy of ``files`` for each notebook),
-    ``sockets`` (the zygote's socket, each kernel's connection file and IPC sockets) and
+    ``ipc`` (the zygote's socket, each kernel's connection file and IPC sockets) and
     ``etc`` (the sandbox's own ``passwd``, ``group``, ``hosts``). ``hidden`` lists folders no
     process inside may see even where the environment lies within them (the course folder,
     the snapshots, the output folder). ``memory_limit_mb`` caps the whole sandbox (its control
@@ -173,6 +174,7 @@ class StudentSandbox:
     zygote: subprocess.Popen[bytes] | None = None
     group: Cgroup | None = None
     started_s: float = 0.0
+    imports_s: float = 0.0
 
     @property
     def homes(self) -> Path:
@@ -180,7 +182,7 @@ class StudentSandbox:
 
     @property
     def sockets(self) -> Path:
-        return self.workspace / "sockets"
+        return self.workspace / "ipc"
 
     @property
     def etc(self) -> Path:
@@ -334,6 +336,11 @@ class StudentSandbox:
                 )
             time.sleep(0.01)
         self.started_s = time.monotonic() - started
+        try:
+            with open(self.address + ".ready") as ready:
+                self.imports_s = float(json.load(ready)["imports_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.imports_s = 0.0
 
     def request(self, kind: str, payload: dict[str, Any]) -> tuple[int, socket.socket]:
         """Ask the zygote to fork a process of ``kind`` (see :mod:`chainrule.grading.zygote`);
@@ -464,6 +471,18 @@ class SandboxedKernelManager(AsyncKernelManager):
         provisioner.notebook = notebook
         self.provisioner = provisioner
 
+    @classmethod
+    def forking_in(cls, sandbox: StudentSandbox, notebook: str) -> type[SandboxedKernelManager]:
+        """A kernel manager class (for nbclient's ``kernel_manager_class``) whose kernels
+        ``sandbox`` forks, each in a fresh copy of the sandbox's files as ``notebook``'s home."""
+
+        class Forked(cls):  # type: ignore[valid-type,misc]
+            def __init__(self, **kwargs: Any) -> None:
+                sandbox.fresh_home(notebook)
+                super().__init__(sandbox, notebook, **kwargs)
+
+        return Forked
+
     async def _async_pre_start_kernel(self, **kw: Any) -> tuple[list[str], dict[str, Any]]:
         if self.kernel_spec is not None:
             self.kernel_spec.interrupt_mode = "message"
@@ -474,4 +493,4 @@ class SandboxedKernelManager(AsyncKernelManager):
 
 def new_workspace(root: str | Path | None) -> Path:
     """A new private folder for one student's sandbox."""
-    return Path(tempfile.mkdtemp(prefix="chainrule-student-", dir=root or None))
+    return Path(tempfile.mkdtemp(prefix="student-", dir=root or None))

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from traitlets.config import Config
 
 from chainrule.grading.config import CONFIG_FILENAME, load_config
+
+if TYPE_CHECKING:
+    from chainrule.grading.sandbox import StudentSandbox
 
 PROBLEM_KEYS = ("type_changed", "changed", "failed")
 
@@ -71,8 +74,14 @@ def validate_notebook(
     course_root: str | Path | None = None,
     overrides: list[str] | None = None,
     stream: TextIO | None = None,
+    sandbox: StudentSandbox | None = None,
 ) -> int:
-    """Validate ``notebook``, print nbgrader's report; 0 if it passed, 1 if not, 2 if missing."""
+    """Validate ``notebook``, print nbgrader's report; 0 if it passed, 1 if not, 2 if missing.
+
+    ``sandbox``: a started :class:`~chainrule.grading.sandbox.StudentSandbox` whose zygote forks
+    the kernel (warm: numpy, torch and the course library already imported), instead of a new
+    kernel process; for validating many notebooks in a row. It is reset afterwards.
+    """
     stream = stream or sys.stdout
     path = Path(notebook)
     if not path.is_file():
@@ -80,7 +89,16 @@ def validate_notebook(
         return 2
     root = Path(course_root) if course_root else find_course_root(path)
     config = load_config(root, overrides=overrides or [])
-    results, invert = validation_results(path, config, stream)
+    if sandbox is not None:
+        from chainrule.grading.sandbox import SandboxedKernelManager
+
+        forked = SandboxedKernelManager.forking_in(sandbox, path.stem)
+        config.ValidatingExecute.kernel_manager_class = forked
+    try:
+        results, invert = validation_results(path, config, stream)
+    finally:
+        if sandbox is not None:
+            sandbox.reset()
     ok = passed(results, invert)
     stream.flush()
     return 0 if ok else 1

@@ -34,6 +34,7 @@ from chainrule.grading.limits import with_output_size_limit
 from chainrule.grading.outcomes import (
     LIMIT_ERRORS,
     SANDBOX_FAILED,
+    TIMEOUT,
     NotebookOutcome,
     RestoredCells,
     classify_failure,
@@ -238,6 +239,12 @@ def read_record(path: Path) -> RecordRead:
     return RecordRead(notebooks, data.get("current"), extra)
 
 
+#: A notebook whose first run ends for one of these reasons is graded once more, from a fresh
+#: kernel: a time limit exists to stop runaway code, and a busy machine can make right code
+#: reach it. Runaway code reaches it again; the second run's grade is the grade.
+RETRIED_REASONS = (TIMEOUT,)
+
+
 def grade_submission(
     job: GradingJob, student: str, target: GradingTarget, record: Path, group: Cgroup | None
 ) -> int:
@@ -263,11 +270,21 @@ def grade_submission(
             for notebook in job.notebooks:
                 log.finish(NotebookOutcome(notebook, reason=SANDBOX_FAILED, detail=detail))
             return 0
-        log.note(sandbox_s=round(sandbox.started_s, 3), cgroup=sandbox.group is not None)
+        log.note(
+            sandbox_s=round(sandbox.started_s, 3),
+            imports_s=round(sandbox.imports_s, 3),
+            cgroup=sandbox.group is not None,
+        )
         for notebook in job.notebooks:
             log.start(notebook)
             outcome = grade_notebook(job, target, student, notebook, sandbox)
             sandbox.reset()
+            if outcome.reason in RETRIED_REASONS:
+                first = f"{outcome.reason}: {outcome.detail}" if outcome.detail else outcome.reason
+                logging.info("%s/%s: %s; graded again", student, notebook, first)
+                outcome = grade_notebook(job, target, student, notebook, sandbox)
+                outcome.retried = first or ""
+                sandbox.reset()
             logging.info("%s/%s: %s %s", student, notebook, outcome.status, outcome.detail)
             log.finish(outcome)
     finally:

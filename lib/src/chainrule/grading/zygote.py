@@ -28,6 +28,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -213,10 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import importlib
 
     (address,) = list(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
     for module in PRELOAD:
         importlib.import_module(module)
-    with open(address + ".ready", "w") as ready:
-        ready.write(str(os.getpid()))
+    with open(address + ".starting", "w") as ready:  # written whole, then renamed: read whole
+        json.dump({"pid": os.getpid(), "imports_s": time.monotonic() - started}, ready)
+    os.replace(address + ".starting", address + ".ready")
     serve(address, HANDLERS)
     return 0
 
