@@ -289,50 +289,24 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
-#: A validating worker's sandbox (unconfined: Validate runs no test of the grader's), whose
-#: zygote forks every kernel that worker validates in: warm, and fresh for each notebook.
-_SANDBOX = []
-
-
-def _start_validating_sandbox() -> None:
-    import multiprocessing.util
-    import tempfile
-
-    from chainrule.grading.sandbox import StudentSandbox, new_workspace
-
-    workspace = new_workspace(None)
-    (workspace / "files").mkdir()
-    sandbox = StudentSandbox(workspace, workspace / "files", None, isolate=False)
-    sandbox.start(log=tempfile.TemporaryFile())
-    _SANDBOX.append(sandbox)
-
-    def stop() -> None:
-        sandbox.stop()
-        shutil.rmtree(workspace, ignore_errors=True)
-
-    multiprocessing.util.Finalize(None, stop, exitpriority=10)
-
-
 def _validate_one(course_root: str, path: str) -> tuple[str, int, str]:
     from chainrule.grading import validate_notebook
 
     report = io.StringIO()
-    code = validate_notebook(path, course_root=course_root, stream=report, sandbox=_SANDBOX[0])
+    code = validate_notebook(path, course_root=course_root, stream=report)
     return path, code, report.getvalue()
 
 
 def validate_many(course: Path, paths: Iterable[Path], workers: int = 2) -> dict[Path, tuple]:
     """What Validate says of each notebook (``(exit code, report)`` by path), ``workers`` at a
-    time in processes that import nbgrader once, each kernel forked by the worker's zygote
-    (``tests/test_grading_validate.py`` validates with fresh kernels, as JupyterLab does)."""
+    time in processes that import nbgrader once, each notebook in a fresh kernel as JupyterLab
+    runs it."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     paths = list(paths)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=workers, mp_context=context, initializer=_start_validating_sandbox
-    ) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         results = pool.map(_validate_one, [str(course)] * len(paths), [str(p) for p in paths])
         return {Path(path): (code, report) for path, code, report in results}
 

@@ -105,7 +105,7 @@ def _grade(assignment, tmp_path_factory):
     return course, {o.student: o for o in result.outcomes}, exports
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # graded once per process, whichever test asks first
 def graded_courses(tmp_path_factory):
     """Each assignment graded on first use: ``graded_courses(name)`` is (course, outcomes,
     exports)."""
@@ -209,7 +209,7 @@ def _validate(assignment, folder):
     return {key: results[path] for key, path in paths.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # graded once per process, whichever test asks first
 def validated(tmp_path_factory):
     """Each assignment validated on first use: ``validated(name)[(name, notebook, variant)]``
     is (exit code, report)."""

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import zmq.asyncio
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
@@ -460,6 +461,10 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     def __init__(self, sandbox: StudentSandbox, notebook: str, **kwargs: Any) -> None:
         kwargs.setdefault("transport", "ipc")
+        # One ZeroMQ context for every kernel of this process, never terminated: a context
+        # of a finished kernel that the garbage collector terminated later would block (its
+        # ``term`` waits for every socket), and a process grades or validates many notebooks.
+        kwargs.setdefault("context", zmq.asyncio.Context.instance())
         super().__init__(**kwargs)
         folder = sandbox.sockets / notebook
         folder.mkdir(parents=True, exist_ok=True)
@@ -470,6 +475,11 @@ class SandboxedKernelManager(AsyncKernelManager):
         provisioner.sandbox = sandbox
         provisioner.notebook = notebook
         self.provisioner = provisioner
+
+    def client(self, **kwargs: Any) -> Any:
+        """A client of this kernel, on the same ZeroMQ context."""
+        kwargs.setdefault("context", self.context)
+        return super().client(**kwargs)
 
     @classmethod
     def forking_in(cls, sandbox: StudentSandbox, notebook: str) -> type[SandboxedKernelManager]:

@@ -8,6 +8,7 @@ and 1 when a test failed, a locked cell was changed or a cell changed type.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from chainrule.grading.sandbox import StudentSandbox
 
 PROBLEM_KEYS = ("type_changed", "changed", "failed")
+_VALIDATED = itertools.count()  # notebooks validated in a sandbox by this process
 
 
 def find_course_root(notebook: Path, start: Path | None = None) -> Path:
@@ -92,7 +94,8 @@ def validate_notebook(
     if sandbox is not None:
         from chainrule.grading.sandbox import SandboxedKernelManager
 
-        forked = SandboxedKernelManager.forking_in(sandbox, path.stem)
+        # a short home name, whatever the notebook's: the kernel's sockets are under it
+        forked = SandboxedKernelManager.forking_in(sandbox, f"validate-{next(_VALIDATED)}")
         config.ValidatingExecute.kernel_manager_class = forked
     try:
         results, invert = validation_results(path, config, stream)
