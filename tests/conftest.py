@@ -1,5 +1,5 @@
-"""Tests that grade with the batch grader need its sandbox (bubblewrap); the suite runs on two
-processes (pytest-xdist, ``--dist loadgroup``).
+"""Tests that grade with the batch grader need its sandbox (bubblewrap); the suite can run on
+two processes (``pytest -n 2 --dist loadgroup``, pytest-xdist).
 
 Tests marked ``sandbox`` are skipped where bubblewrap cannot run (with the reason), except in CI
 (``CI`` set), where ``.ci/run`` installs it and its absence is a failure.
