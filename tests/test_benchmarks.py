@@ -309,7 +309,9 @@ def test_report_is_rewritten_from_saved_results(tmp_path):
     saved.write_text(json.dumps(raw))
     assert run.main(["--render-from", str(saved), "--out", str(out)]) == 0
     text = out.read_text()
-    assert text.index("## 1. Engine") < text.index("## 2. Autograding throughput")
+    assert text.index("## 1. Engine") < text.index(
+        "## 2. Autograding: where the time goes, and a class's throughput"
+    )
     assert "commit abc1234" in text and "shared with other work" not in text
     # the goals are judged again: width 8 met (0.80×), the 2-worker speedup 2.00× met
     assert text.count("**met**") == 2 and "| a CPU |" in text
