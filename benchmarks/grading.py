@@ -214,14 +214,17 @@ def distinct_grades(grades: Grades) -> int:
 #: Runs every code cell of an assignment's source notebooks in one fresh interpreter (argv: the
 #: assignment's source folder): the floor of grading it.
 FLOOR_SCRIPT = """
-import sys
+import linecache, sys
 from pathlib import Path
 import nbformat
 for path in sorted(Path(sys.argv[1]).glob("*.ipynb")):
     namespace = {"__name__": "__main__"}
-    for cell in nbformat.read(path, as_version=4).cells:
+    for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
         if cell.cell_type == "code":
-            exec(compile(cell.source, str(path), "exec"), namespace)
+            name = f"<{path.stem} cell {index}>"  # as IPython does: the cell's own source
+            lines = cell.source.splitlines(True)
+            linecache.cache[name] = (len(cell.source), None, lines, name)
+            exec(compile(cell.source, name, "exec"), namespace)
 """
 
 #: The parts of one notebook's grading the batch records, in the order the report lists them.
