@@ -39,6 +39,8 @@ def test_lesson_5_the_replicas():
         "clipped_on_ranks[0][1]",
         "float(np.linalg.norm(np.concatenate(shards)))",
         "dropout_error",
+        "late_errors",
+        "interrupted_after",
         "epoch_results",
         "len(distinct)",
         "len(sums)",
@@ -58,6 +60,14 @@ def test_lesson_5_the_replicas():
         v["float(np.linalg.norm(np.concatenate(shards)))"]
     )
     assert "already returned" in v["dropout_error"]
+    for backend, message in v["late_errors"].items():  # the rank, the collective, the line
+        assert message.startswith(
+            "all_reduce #1 timed out after 2 s: rank 0 arrived but rank 1 was still running its "
+            "own code ("
+        ), backend
+        assert "of late_loader_epoch: time.sleep(30)" in message, backend
+    assert set(v["late_errors"]) == set(v["interrupted_after"]) >= {"sim"}
+    assert all(seconds < 10 for seconds in v["interrupted_after"].values())  # not the minute
     for ws, steps, count in v["epoch_results"].values():
         assert ws[0] == ws[1] and steps == [3, 3] and count >= 4
     assert v["len(sums)"] == 24 and v["len(distinct)"] > 1

@@ -208,24 +208,74 @@ def test_a_lock_held_across_a_collective_is_no_deadlock_on_gloo():
     assert_nothing_left_behind("gloo", 2)
 
 
+STUCK_AT = {sleeps: "at line 3 of sleeps: time.sleep(60)", spins: "at line 3 of spins: while True:"}
+
+
 @pytest.mark.parametrize("fn", [sleeps, spins], ids=["sleep", "busy loop"])
 def test_a_rank_that_never_comes_is_stopped_on_the_simulated_world(fn):
     message = fails(fn, 2, "sim", timeout=1.0)
     assert message.startswith("barrier #0 timed out after 1 s: rank 0 arrived but rank 1")
     assert 1.0 <= stopped_after(message) < BOUND  # the real time, not the sleep's 60 s
+    assert _relative(STUCK_AT[fn], fn) in message
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available("gloo"), reason="no gloo")
 @pytest.mark.parametrize("fn", [sleeps, spins], ids=["sleep", "busy loop"])
-def test_a_rank_that_never_comes_times_out_on_gloo(fn):
+def test_a_rank_that_never_comes_is_named_with_its_line_on_gloo(fn):
     from chainrule.dist import pool
 
     dist.run(dist.rank, 2, backend="gloo")
     stopped = {pool._pools[("gloo", 2)].launcher.pid, *pool._pools[("gloo", 2)].pids}
     message = fails(fn, 2, "gloo", timeout=2.0)
-    assert message.startswith("the gloo run timed out after 2 s: ranks 0, 1 did not finish")
+    assert message.startswith(
+        "barrier #0 timed out after 2 s: rank 0 arrived but rank 1 was still running its own "
+        f"code ({_relative(STUCK_AT[fn], fn)}); the gloo worker processes were stopped"
+    )
     assert not {p for p in stopped if _alive(p)}, "the stopped pool's processes still run"
+
+
+def _relative(where: str, fn) -> str:
+    """``where`` with the line counted in the file (the table counts from ``def``)."""
+    number = int(re.search(r"line (\d+)", where).group(1))
+    return where.replace(f"line {number}", f"line {fn.__code__.co_firstlineno + number - 1}")
+
+
+def waits_for_the_one_who_sleeps():
+    if dist.rank() == 1:
+        time.sleep(60)
+    return dist.all_reduce(np.ones(2))
+
+
+def waits_for_the_one_who_spins():
+    if dist.rank() == 1:
+        while True:
+            pass
+    return dist.all_reduce(np.ones(2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "fn", [waits_for_the_one_who_sleeps, waits_for_the_one_who_spins], ids=["sleep", "busy loop"]
+)
+def test_an_interrupt_ends_a_stuck_run_at_once(backend, fn):
+    import os
+    import signal
+
+    dist.run(dist.rank, 2, backend=backend)  # a warm pool on gloo: the interrupt, not a start
+    sent = []
+
+    def interrupt():
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)  # what JupyterLab's Interrupt sends the kernel
+
+    timer = threading.Timer(0.5, interrupt)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        dist.run(fn, 2, backend=backend, timeout=60)  # a timeout would take a minute
+    timer.join()
+    assert time.monotonic() - sent[0] < BOUND
+    assert_nothing_left_behind(backend, 2)  # and the next run works
 
 
 def catches_the_mismatch():
@@ -239,3 +289,38 @@ def catches_the_mismatch():
 def test_a_caught_mismatch_still_fails_the_run(backend):
     message = fails(catches_the_mismatch, 2, backend)
     assert message == "all_reduce #0: the ranks' shapes differ: rank 0 (2,); rank 1 (3,)"
+
+
+def test_a_stack_of_code_sent_by_value_is_read_in_the_callers_file():
+    """A notebook's function reaches a gloo rank by value, its file renamed: the line is read
+    from the caller's own copy; Python's, the packages' and the library's frames are passed."""
+    import linecache
+
+    from chainrule.dist import whereabouts, worker
+
+    dump = (
+        "Thread 0x01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+        "Current thread 0x02 (most recent call first):\n"
+        f'  File "{np.__file__}", line 5 in helper\n'
+        f'  File "{whereabouts.__file__}", line 9 in waiting_in\n'
+        '  File "<dynamic-code>", line 3 in sleeps\n'
+        f'  File "{worker.__file__}", line 240 in run_task\n'
+    )
+    line = whereabouts.own_line(dump, {"sleeps": {__file__}})
+    assert line == whereabouts.Line("sleeps", 3, linecache.getline(__file__, 3).strip())
+    assert str(line) == f"line 3 of sleeps: {line.text}"
+    assert whereabouts.own_line(dump.replace("run_task", "serve"), {}) is None
+
+
+def late_after_a_collective():
+    dist.all_reduce(np.ones(2))
+    if dist.rank() == 1:  # the last to arrive: it goes on in its own code without a switch
+        time.sleep(60)
+    dist.all_reduce(np.ones(2))
+
+
+def test_the_last_rank_to_arrive_is_watched_as_it_goes_on():
+    message = fails(late_after_a_collective, 2, "sim", timeout=1.0)
+    assert message.startswith("all_reduce #1 timed out after 1 s: rank 0 arrived but rank 1")
+    assert 1.0 <= stopped_after(message) < BOUND

@@ -421,9 +421,12 @@ def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
         dist.run(fn, 2, backend="gloo", timeout=1.0)
     assert time.monotonic() - start < 5
     message = str(info.value)
+    line = fn.__code__.co_firstlineno + 2  # a function sent by value: its line is still found
     assert message.startswith(
-        "the gloo run timed out after 1 s: rank 0 did not finish (rank 1 did)"
+        "the gloo run timed out after 1 s: rank 0 ran its own code for more than 1 s (at line "
+        f"{line} of fn: time.sleep(60)  # busy in its own code"
     )
+    assert "the gloo worker processes were stopped and restart on the next call" in message
     assert not {p.pid for p in children()} & set(old)
     assert ("gloo", 2) not in pools._pools
 

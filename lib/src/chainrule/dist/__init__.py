@@ -15,6 +15,7 @@ The modules: :mod:`~chainrule.dist.api` (the collectives, and ``run``),
 :mod:`~chainrule.dist.simulated` (the simulated world), :mod:`~chainrule.dist.torch_backend`
 (one rank on torch.distributed), :mod:`~chainrule.dist.pool` and
 :mod:`~chainrule.dist.worker` (the warm worker processes of ``run``),
+:mod:`~chainrule.dist.whereabouts` (what a stuck worker is waiting in, and its line),
 :mod:`~chainrule.dist.torchrun`, :mod:`~chainrule.dist.trace` and
 :mod:`~chainrule.dist.errors`.
 """

@@ -38,6 +38,7 @@ from typing import Any
 
 import cloudpickle
 
+from chainrule.dist import whereabouts
 from chainrule.dist.calls import ranks_text
 from chainrule.dist.errors import CollectiveError, RankError
 from chainrule.dist.trace import Trace
@@ -69,8 +70,8 @@ class Pool:
         self.pids = [0] * world_size
         self.ranks: list[Connection] = []
         self.control: Connection | None = None  # the launcher's connection
-        self._folder = tempfile.mkdtemp(prefix="chainrule-pool-")  # only this user may enter
-        address = os.path.join(self._folder, "socket")
+        self.folder = tempfile.mkdtemp(prefix="chainrule-pool-")  # only this user may enter
+        address = os.path.join(self.folder, "socket")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(address)
         listener.listen(world_size + 1)
@@ -90,6 +91,7 @@ class Pool:
         )
         config = {
             "address": address,
+            "folder": self.folder,
             "world_size": world_size,
             "backend": backend,
             "port": _free_port(),
@@ -229,7 +231,7 @@ class Pool:
         for conn in self.ranks + ([self.control] if self.control is not None else []):
             conn.close()
         self.ranks, self.control = [], None
-        shutil.rmtree(self._folder, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _free_port() -> int:
@@ -312,6 +314,9 @@ def run(
             _discard(pool)
             raise
     unfinished = [r for r in range(world_size) if r not in replies and r not in died]
+    timed_out = ""
+    if unfinished and not died and not any(reply.error for reply in replies.values()):
+        timed_out = _timeout_message(pool, unfinished, timeout, fn)  # before the ranks stop
     if died or unfinished:
         _discard(pool)
     for r in sorted(replies):
@@ -329,13 +334,7 @@ def run(
     if failures:  # the ranks caught the error of a collective they could not agree on
         raise CollectiveError(failures[0])
     if unfinished:
-        done = sorted(replies)
-        raise CollectiveError(
-            f"the {backend} run timed out after {timeout:g} s: {ranks_text(unfinished)} did not "
-            f"finish" + (f" ({ranks_text(done)} did)" if done else "") + ", busy in its own "
-            "code or in a torch.distributed call of its own. The worker processes were stopped "
-            "and restart on the next call; pass timeout= to dist.run to allow longer"
-        )
+        raise CollectiveError(timed_out)
     if trace is not None:  # each collective as its group's rank 0 saw it, in time order
         led = [
             (t, e)
@@ -344,6 +343,43 @@ def run(
         ]
         trace.extend([e for _, e in sorted(led, key=lambda item: item[0])])
     return [replies[r].value for r in range(world_size)]
+
+
+def _timeout_message(pool: Pool, unfinished: list[int], timeout: float, fn: Any) -> str:
+    """Why a run timed out, in the simulated world's words: the collective the waiting ranks
+    are in, and the line each rank that never reached it was running."""
+    waits = {r: whereabouts.waits_in(pool.folder, r) for r in unfinished}
+    waiting = [r for r in unfinished if waits[r] is not None]
+    running = [r for r in unfinished if waits[r] is None]
+    sources = code_files(fn)
+    lines = {r: whereabouts.stack_of(pool.folder, r, pool.pids[r], sources) for r in running}
+    where = whereabouts.positions(lines)
+    one = len(running) == 1
+    stopped = (
+        f"; the {pool.backend} worker processes were stopped and restart on the next call; "
+        "pass timeout= to dist.run to wait longer"
+    )
+    if running and waiting and len({waits[r] for r in waiting}) == 1:
+        still = "was still running its" if one else "were still running their"
+        return (
+            f"{waits[waiting[0]]} timed out after {timeout:g} s: {ranks_text(waiting)} arrived "
+            f"but {ranks_text(running)} {still} own code" + (f" ({where})" if where else "")
+            + stopped
+        )
+    if running and not waiting:
+        own = "its" if one else "their"
+        return (
+            f"the {pool.backend} run timed out after {timeout:g} s: {ranks_text(running)} ran "
+            f"{own} own code for more than {timeout:g} s" + (f" ({where})" if where else "")
+            + stopped
+        )
+    described = [f"rank {r} waits in {waits[r]}" for r in waiting]
+    if running:
+        described.append(f"{ranks_text(running)} {'runs its' if one else 'run their'} own code")
+    return (
+        f"the {pool.backend} run timed out after {timeout:g} s: {ranks_text(unfinished)} did "
+        f"not finish: " + ", ".join(described) + (f" ({where})" if where else "") + stopped
+    )
 
 
 def _error(
@@ -376,19 +412,9 @@ def _error(
     return exc
 
 
-_DYNAMIC_FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)$')
-
-
-def restore_source_lines(text: str, fn: Callable[..., Any]) -> str:
-    """Put file names and source lines back into a rank's traceback.
-
-    cloudpickle sends functions from ``__main__`` (a notebook cell) by value and their file
-    becomes ``<dynamic-code>``, so the rank's traceback has no source. The caller still has
-    the original code objects: ``fn``'s, those nested in it, and those of the functions it
-    can reach in its module's globals.
-    """
-    if "<dynamic-code>" not in text:
-        return text
+def code_files(fn: Callable[..., Any]) -> dict[str, set[str]]:
+    """Function name -> the files it comes from, for ``fn``, the functions nested in it and
+    those it can reach in its module's globals: the code a rank may run of the caller's."""
     files: dict[str, set[str]] = {}
 
     def collect(code: Any) -> None:
@@ -403,6 +429,23 @@ def restore_source_lines(text: str, fn: Callable[..., Any]) -> str:
         for value in getattr(fn, "__globals__", {}).values():
             if getattr(value, "__module__", None) == fn.__module__ and hasattr(value, "__code__"):
                 collect(value.__code__)
+    return files
+
+
+_DYNAMIC_FRAME = re.compile(r'^(\s*)File "<dynamic-code>", line (\d+), in (\S+)$')
+
+
+def restore_source_lines(text: str, fn: Callable[..., Any]) -> str:
+    """Put file names and source lines back into a rank's traceback.
+
+    cloudpickle sends functions from ``__main__`` (a notebook cell) by value and their file
+    becomes ``<dynamic-code>``, so the rank's traceback has no source. The caller still has
+    the original code objects: ``fn``'s, those nested in it, and those of the functions it
+    can reach in its module's globals.
+    """
+    if "<dynamic-code>" not in text:
+        return text
+    files = code_files(fn)
     lines = []
     for line in text.splitlines():
         match = _DYNAMIC_FRAME.match(line)

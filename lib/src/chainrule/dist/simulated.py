@@ -55,6 +55,7 @@ from chainrule.dist.calls import Call, agree, event, ranks_text, returned_messag
 from chainrule.dist.errors import CollectiveAborted, CollectiveError, RankError
 from chainrule.dist.groups import Group
 from chainrule.dist.trace import Trace
+from chainrule.dist.whereabouts import Line, line_of_frame, positions
 
 DEFAULT_TIMEOUT = 5.0
 """Seconds a rank may run its own code without reaching a collective before the run fails."""
@@ -183,6 +184,7 @@ class _Run:
         self.errors: dict[int, tuple[BaseException, str]] = {}
         self.interrupt: BaseException | None = None  # a KeyboardInterrupt raised on a rank
         self.timed_out: dict[int, float] = {}  # rank -> seconds it had run when stopped
+        self.stopped_at: dict[int, Line | None] = {}  # rank -> the line it was stopped at
         self.running: int | None = None  # the rank running its own code now
         self.started = 0.0  # when it was resumed
         self.grad_modes = [True] * P  # each rank's torch grad mode (torch's default)
@@ -227,10 +229,12 @@ class _Run:
                     missing = sorted(self.timed_out)
                     own = "its" if len(missing) == 1 else "their"
                     seq = self.meetings[self.everyone].seq
+                    at = positions({r: self.stopped_at.get(r) for r in missing})
                     self._fail(
                         f"{ranks_text(missing)} ran {own} own code for more than "
-                        f"{self.timeout:g} s without reaching collective #{seq}; pass "
-                        "timeout= to dist.run to wait longer"
+                        f"{self.timeout:g} s without reaching collective #{seq}"
+                        + (f" ({at})" if at else "")
+                        + "; pass timeout= to dist.run to wait longer"
                     )
                 return
             if self.failure is None:
@@ -330,10 +334,12 @@ class _Run:
             missing = sorted(self.timed_out)
             still = "was still running its" if len(missing) == 1 else "were still running their"
             seconds = max(self.timed_out[r] for r in missing)
+            at = positions({r: self.stopped_at.get(r) for r in missing})
             return (
                 f"{op} #{seq}{where} timed out after {self.timeout:g} s: {ranks_text(here)} "
                 f"arrived but {ranks_text(missing)} {still} own code (stopped after "
-                f"{seconds:.2f} s); pass timeout= to dist.run to wait longer"
+                f"{seconds:.2f} s" + (f", {at}" if at else "") + "); pass timeout= to dist.run "
+                "to wait longer"
             )
         absent = [r for r in members if r not in meeting.arrived]
         returned = [r for r in absent if self.done[r]]
@@ -410,6 +416,7 @@ class _Run:
         for i, r in enumerate(members):
             if r != rank:
                 self.ready.append((r, (results[i], lead)))
+        self.running, self.started = rank, time.monotonic()  # the last to arrive goes on
         return results[members.index(rank)], lead
 
     def _release(self, rank: int, members: tuple[int, ...]) -> None:
@@ -482,6 +489,7 @@ class _Watchdog:
             self.ring_in(limit - seconds)
             return
         run.timed_out.setdefault(rank, seconds)
+        run.stopped_at.setdefault(rank, line_of_frame(frame))
         run.started = time.monotonic()
         self.ring_in(limit)
         raise _Interrupted(f"rank {rank} was stopped after {seconds:.2f} s of its own code")

@@ -32,6 +32,7 @@ from chainrule.dist.trace import CollectiveEvent
 
 if TYPE_CHECKING:
     from chainrule.dist.groups import Group
+    from chainrule.dist.whereabouts import Status
 
 REDUCE_OPS = tuple(ReduceOp)
 
@@ -49,7 +50,7 @@ class TorchWorld:
 
     native = "torch"
 
-    def __init__(self, backend: str, device: Any) -> None:
+    def __init__(self, backend: str, device: Any, status: Status | None = None) -> None:
         import torch
         import torch.distributed as td
 
@@ -65,6 +66,7 @@ class TorchWorld:
         self.failure: str | None = None  # why the ranks could not agree, once they could not
         self.events: list[CollectiveEvent] | None = None
         self.event_times: list[float] = []
+        self.status = status  # where a pool's owner reads the collective this rank waits in
 
     def start(self, tracing: bool) -> None:
         """Begin a run of an SPMD function: collectives count from 0 again."""
@@ -115,7 +117,12 @@ class TorchWorld:
             raise CollectiveAborted(root.failure)
         seq, self.seq = self.seq, self.seq + 1
         mine = torch.tensor(encode(call, REDUCE_OPS), dtype=torch.int64, device=self.device)
+        if root.status is not None:
+            group = "" if self is root else f" (in the group of ranks {self.ranks})"
+            root.status.waiting_in(f"{call.op} #{seq}{group}")
         rows = _all_gather_stacked(mine, self)
+        if root.status is not None:
+            root.status.waiting_in(None)
         calls = [decode(row, REDUCE_OPS) for row in rows.tolist()]
         try:
             return calls, agree(calls, seq)

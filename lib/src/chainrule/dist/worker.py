@@ -191,9 +191,10 @@ def serve(rank: int, config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as td
 
-    from chainrule.dist import api, torchrun
+    from chainrule.dist import api, torchrun, whereabouts
     from chainrule.dist.torch_backend import TorchWorld
 
+    status = whereabouts.install(config["folder"], rank)
     conn = connect(config["address"])
     send(conn, Hello(rank, os.getpid()))
     _exit_with_owner()
@@ -208,7 +209,7 @@ def serve(rank: int, config: dict[str, Any]) -> None:
             world_size=config["world_size"],
             **({"device_id": device} if backend == "nccl" else {}),
         )
-        world = TorchWorld(backend, device)
+        world = TorchWorld(backend, device, status)
         api.set_process_world(world)
     except BaseException as exc:  # noqa: BLE001 - reported to the pool
         send(conn, Ready(rank, RemoteError.of(exc)))
