@@ -289,18 +289,40 @@ def nbgrader(course: Path, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
+_WARM = []  # this validating process's zygote, once started
+
+
+def _warm_kernels():
+    """A zygote that forks this process's kernels, warm (numpy, torch and the course library
+    imported once), started on first use and stopped when the process ends."""
+    if not _WARM:
+        import atexit
+        import tempfile
+
+        from chainrule.grading.sandbox import StudentSandbox
+
+        base = Path(tempfile.mkdtemp(prefix="validate-"))
+        (base / "files").mkdir()
+        sandbox = StudentSandbox(base / "zygote", base / "files", None, isolate=False)
+        sandbox.start(log=None)
+        atexit.register(sandbox.stop)
+        _WARM.append(sandbox)
+    return _WARM[0]
+
+
 def _validate_one(course_root: str, path: str) -> tuple[str, int, str]:
     from chainrule.grading import validate_notebook
 
     report = io.StringIO()
-    code = validate_notebook(path, course_root=course_root, stream=report)
+    code = validate_notebook(path, course_root=course_root, stream=report, sandbox=_warm_kernels())
     return path, code, report.getvalue()
 
 
 def validate_many(course: Path, paths: Iterable[Path], workers: int = 2) -> dict[Path, tuple]:
     """What Validate says of each notebook (``(exit code, report)`` by path), ``workers`` at a
-    time in processes that import nbgrader once, each notebook in a fresh kernel as JupyterLab
-    runs it."""
+    time in processes that import nbgrader once, each notebook in a kernel of its own, forked
+    by the process's zygote (``test_grading_validate`` checks that such kernels give the
+    verdicts of fresh ones)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

