@@ -347,3 +347,46 @@ def test_the_kernels_folders_fit_their_sockets_whatever_the_temporary_folder(tmp
             assert len(str(folder)) + SOCKET_PATH_IN_WORKSPACES <= SOCKET_PATH_MAX
         finally:
             folder.rmdir()
+
+
+def test_a_pool_of_a_process_forked_by_the_zygote_is_forked_by_it_too(tmp_path, monkeypatch):
+    """The launcher of a gloo pool comes from the zygote (its ranks share its import of
+    torch), with the caller's folder and environment, and nothing is left when the pool
+    stops."""
+    from chainrule import dist
+    from chainrule.dist import forks, pool
+    from chainrule.grading.sandbox import StudentSandbox
+
+    (tmp_path / "files").mkdir()
+    sandbox = StudentSandbox(tmp_path / "zygote", tmp_path / "files", None, isolate=False)
+    sandbox.start(log=None)
+    try:
+        monkeypatch.setenv(forks.ENV, sandbox.address)
+        monkeypatch.setenv("CHAINRULE_SEEN_BY_THE_RANKS", "yes")
+        monkeypatch.chdir(tmp_path)
+        dist.shutdown()  # the pools of earlier tests came from fresh interpreters
+
+        def where():
+            return os.getcwd(), os.environ.get("CHAINRULE_SEEN_BY_THE_RANKS"), dist.rank()
+
+        assert dist.run(where, 2, backend="gloo") == [(str(tmp_path), "yes", r) for r in (0, 1)]
+        launched = pool._pools[("gloo", 2)]
+        assert isinstance(launched.launcher, forks.ForkedChild)
+        zygote = sandbox.zygote.pid  # not isolated: the zygote itself, not bubblewrap
+        assert psutil.Process(launched.launcher.pid).ppid() == zygote
+        processes = [launched.launcher.pid, *launched.pids]
+        dist.shutdown()
+        deadline = time.monotonic() + 5
+        while any(_running(p) for p in processes):
+            assert time.monotonic() < deadline, "the pool's processes outlived it"
+            time.sleep(0.05)
+    finally:
+        dist.shutdown()
+        sandbox.stop()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
