@@ -36,7 +36,7 @@ from typing import Any
 
 import nbformat
 
-from benchmarks.harness import REPO, Row, bench_env, make_row
+from benchmarks.harness import REPO, Row, bench_env, fresh_python, make_row
 
 ASSIGNMENT = "check_yourself"
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
@@ -235,18 +235,13 @@ def floor_seconds(course: Path, assignment: str) -> float:
     """Wall seconds of one fresh interpreter running every code cell of the assignment's
     source notebooks once (see :data:`FLOOR_SCRIPT`), in a scratch folder."""
     with tempfile.TemporaryDirectory(prefix="floor-") as scratch:
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-c", FLOOR_SCRIPT, str(course / "source" / assignment)],
+        seconds, _ = fresh_python(
+            FLOOR_SCRIPT,
+            str(course / "source" / assignment),
             cwd=scratch,
-            env=bench_env(),
-            capture_output=True,
-            text=True,
+            what=f"the floor of {assignment}",
             timeout=900,
         )
-        seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"the floor of {assignment} failed:\n{proc.stderr[-4000:]}")
     return seconds
 
 

@@ -67,6 +67,27 @@ def bench_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def fresh_python(
+    code: str, *args: str, cwd: Path | str, what: str, timeout: float = 300
+) -> tuple[float, str]:
+    """Wall seconds of one fresh ``python -c code args`` in the pinned environment
+    (:func:`bench_env`), run in ``cwd``, and its standard output; a failure raises with
+    ``what`` failed and its standard error."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=bench_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return elapsed, proc.stdout
+
+
 def pin_torch_threads() -> Any:
     """Import torch with one intra-op and one inter-op thread; returns the module."""
     import torch

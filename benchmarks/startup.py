@@ -17,11 +17,8 @@ a fresh interpreter that only imports torch, timed from the same benchmark proce
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 
-from benchmarks.harness import REPO, Row, bench_env, make_row, median
+from benchmarks.harness import REPO, Row, fresh_python, make_row, median
 
 NOTEBOOK = """
 import json, sys, time
@@ -55,19 +52,7 @@ IMPORT_TORCH = "import torch, torch.distributed"
 
 def _python(code: str, *args: str) -> tuple[float, str]:
     """Wall seconds of a fresh ``python -c code args`` (pinned environment) and its stdout."""
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=REPO,
-        env=bench_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"start-up benchmark failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    return elapsed, proc.stdout
+    return fresh_python(code, *args, cwd=REPO, what="start-up benchmark")
 
 
 def notebook_run(mode: str, repeated: int) -> dict:
