@@ -480,3 +480,21 @@ def test_every_collective_on_nccl_matches_numpy():
     for device, summed in dist.run(on_gpu, P, backend="nccl"):
         assert device == "cuda" and torch.equal(summed, torch.full((3,), 3.0))
     dist.shutdown()
+
+
+@pytest.mark.slow  # starts a fresh pool
+def test_a_pool_starts_under_a_temporary_folder_too_long_for_a_socket(tmp_path, monkeypatch):
+    """A grading workspace's temporary folder can be longer than a Unix socket's address may
+    be: the pool's folder is then made in /tmp."""
+    import tempfile
+
+    deep = tmp_path / ("a-long-folder-name-" * 6)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    dist.shutdown()
+    try:
+        assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
+        folder = pools._pools[("gloo", 2)].folder
+        assert len(os.path.join(folder, "socket")) <= pools.SOCKET_PATH_LIMIT
+    finally:
+        dist.shutdown()
