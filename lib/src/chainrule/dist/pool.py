@@ -48,8 +48,10 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds a whole ``run`` on gloo/nccl may take before its processes are stopped."""
 
 START_TIMEOUT = 120.0
-SOCKET_PATH_LIMIT = 100  # bytes of a Unix socket's path, below Linux's 108 and macOS's 104
 """Seconds to start a pool (interpreter, ``import torch``, ``init_process_group``)."""
+
+SOCKET_PATH_LIMIT = 100
+"""Bytes a Unix socket's path may have here (Linux allows 108, macOS 104)."""
 
 ERROR_GRACE = 1.0
 """After one rank raised, seconds to wait for the others before stopping the pool."""
