@@ -142,9 +142,9 @@ def line_of_frame(frame: FrameType | None) -> Line | None:
 
 
 def _own(filename: str) -> bool:
-    """Whether code of ``filename`` is the caller's: not Python's, a package's or this
-    library's."""
-    return not filename.startswith((_LIBRARY, *_PYTHON))
+    """Whether code of ``filename`` is the caller's: not Python's (its frozen modules too), a
+    package's or this library's."""
+    return not filename.startswith((_LIBRARY, *_PYTHON, "<frozen "))
 
 
 def own_line(dump: str, sources: dict[str, set[str]]) -> Line | None:
