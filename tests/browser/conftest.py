@@ -30,7 +30,8 @@ from playwright.sync_api import BrowserContext, sync_playwright
 REPO = Path(__file__).resolve().parents[2]
 # The course that is copied and served; another checkout can be named for trying the harness.
 COURSE = Path(os.environ.get("BROWSER_TESTS_COURSE", REPO))
-ARTIFACTS = REPO / "test-artifacts" / "browser"
+# Screenshots go here; BROWSER_ARTIFACTS names another folder (two runs at once keep their own).
+ARTIFACTS = Path(os.environ.get("BROWSER_ARTIFACTS", REPO / "test-artifacts" / "browser"))
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
