@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,18 +24,59 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table (cells converted with ``str``), for ``IPython.display.Markdown``."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+_MATH = re.compile(r"(\$\$.+?\$\$|\$[^$]+\$)", re.DOTALL)
+_ALIGNMENTS = {"left": ":---", "right": "---:", "center": ":---:", None: "---"}
+
+
+def markdown_cell(value: Any) -> str:
+    """``str(value)`` made safe for one cell of a Markdown table.
+
+    A ``|`` would end the cell (``(1/|B|) Σ ∇ℓ`` would lose everything after ``(1/``), so it
+    is written ``\\|`` in text. Inside ``$…$`` math, where JupyterLab hands the source to
+    MathJax untouched and ``\\|`` would mean ``‖``, it is written ``\\vert`` (and ``\\|``,
+    the norm bars, ``\\Vert``): no bare ``|`` is left for the table to split on.
+    """
+    parts = _MATH.split(str(value))
+    for i, part in enumerate(parts):
+        if i % 2:  # math
+            part = part.replace("\\|", "\\Vert{}")
+            parts[i] = re.sub(r"(?<!\\)\|", r"\\vert{}", part)
+        else:
+            parts[i] = re.sub(r"(?<!\\)\|", r"\\|", part)
+    return "".join(parts)
+
+
+def markdown_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    align: Sequence[str | None] | None = None,
+) -> str:
+    """A Markdown table (cells converted with ``str``), for ``IPython.display.Markdown``.
+
+    Every cell goes through :func:`markdown_cell`, so a ``|`` in it stays in it. ``align``
+    gives each column ``"left"``, ``"right"``, ``"center"`` or ``None`` (the renderer's
+    default); a header and its column's cells then line up the same way.
+    """
+    if align is not None and len(align) != len(header):
+        raise ValueError(f"{len(header)} columns but {len(align)} alignments: {list(align)}")
+    rule = [_ALIGNMENTS[a] for a in (align or [None] * len(header))]
+    lines = [
+        "| " + " | ".join(markdown_cell(h) for h in header) + " |",
+        "|" + "".join(f"{r}|" for r in rule),
+    ]
+    lines += ["| " + " | ".join(markdown_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-def show_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
+def show_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    align: Sequence[str | None] | None = None,
+) -> Any:
     """:func:`markdown_table` as a displayable Markdown object (the value of a cell)."""
     from IPython.display import Markdown
 
-    return Markdown(markdown_table(header, rows))
+    return Markdown(markdown_table(header, rows, align))
 
 
 def power_of_two(value: float) -> str:
