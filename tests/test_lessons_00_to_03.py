@@ -115,9 +115,18 @@ def test_lesson_2_split_graphs():
 
 @pytest.mark.slow
 def test_lesson_3_averaging_is_exact():
+    import re
+
     fetch = [
         "local_grads",
         "averaged",
+        "uneven",
+        "[s.local_mean for s in worked_table.shards]",
+        "worked_table.mean_of_means",
+        "worked_table.from_ranks",
+        "[s.local_mean for s in uneven_table.shards]",
+        "uneven_table.mean_of_means",
+        "uneven_table.from_ranks",
         "full_batch",
         "by_hand",
         "plain_mean_uneven",
@@ -164,7 +173,21 @@ def test_lesson_3_averaging_is_exact():
     assert_readable(v, ["global_drawing"])
 
     tables = "\n".join(output_texts(nb, "text/markdown"))
-    for value in [*expected_local, full, np.mean(uneven)]:
+    for value in [*expected_local, *uneven, full, np.mean(uneven)]:
         shown = f"{value:.1f}" if value == int(value) else f"{value:g}"
         assert f"={shown}$" in tables
+    # The worked tables hold what the ranks returned, not a recomputation on one process.
+    assert v["[s.local_mean for s in worked_table.shards]"] == v["local_grads"]
+    assert v["worked_table.mean_of_means"] == v["averaged"][0]
+    assert v["[s.local_mean for s in uneven_table.shards]"] == [g for g, _ in v["uneven"]]
+    assert v["uneven_table.mean_of_means"] == v["uneven"][0][1] == v["uneven"][1][1]
+    assert v["worked_table.from_ranks"] and v["uneven_table.from_ranks"]
+    assert tables.count("Both ranks hold") == 2
+    # Every row of the table of expressions keeps its value and its verdict: a | in an
+    # expression is escaped, not a cell boundary.
+    rows = [line for line in tables.splitlines() if line.startswith("| (1/")]
+    assert len(rows) == len(v["expressions"])
+    for row in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        assert len(cells) == 3 and cells[1].startswith("[") and cells[2] == "True", row
     assert v["type(averaging_widget).__name__"] == "LiveWidget"

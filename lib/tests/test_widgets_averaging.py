@@ -177,3 +177,45 @@ def test_the_ranks_slider_never_asks_for_more_ranks_than_examples(sweep):
     assert widget.error == ""
     widget.controls["examples"].value = ", ".join(f"({i}, 1)" for i in range(12))
     assert widget.controls["num_ranks"].max == 8
+
+
+def test_the_table_from_the_ranks_shows_what_the_ranks_returned():
+    from chainrule import data_parallel, dist
+    from chainrule.widgets.averaging import averaging_result_from_ranks
+
+    shards = [WORKED_EXAMPLES[:3], WORKED_EXAMPLES[3:]]
+
+    def on_a_rank():
+        local = local_mean_gradient(shards[dist.rank()], 1.0)
+        (averaged,) = data_parallel.average_gradients([np.array(local)])
+        return local, float(averaged)
+
+    ran = dist.run(on_a_rank, 2)
+    result = averaging_result_from_ranks(
+        shards,
+        [g for g, _ in ran],
+        [a for _, a in ran],
+        local_mean_gradient(WORKED_EXAMPLES, 1.0),
+        1.0,
+    )
+    assert [s.local_mean for s in result.shards] == [g for g, _ in ran] == [3.0, 8.0]
+    assert result.mean_of_means == ran[0][1] and result.from_ranks
+    recomputed = averaging_result(WORKED_EXAMPLES, [3, 1], 1.0)
+    assert (
+        averaging_markdown(result).split("\n\n")[0]
+        == averaging_markdown(recomputed).split("\n\n")[0]
+    )
+    assert (
+        averaging_markdown(result)
+        .split("\n\n")[1]
+        .startswith(
+            "Both ranks hold 5.5 after the all-reduce, bit for bit. Unequal shards (3, 1)"
+        )
+    )
+    # A number the ranks did not compute is what the table shows: nothing is recomputed.
+    other = averaging_result_from_ranks(shards, [1.0, 2.0], [1.5, 1.5], 4.25, 1.0)
+    assert "=1.0$" in averaging_markdown(other) and "=2.0$" in averaging_markdown(other)
+    with pytest.raises(ValueError, match="different averages"):
+        averaging_result_from_ranks(shards, [1.0, 2.0], [1.5, 1.5000001], 4.25, 1.0)
+    with pytest.raises(ValueError, match="one of each per rank"):
+        averaging_result_from_ranks(shards, [1.0], [1.5, 1.5], 4.25, 1.0)

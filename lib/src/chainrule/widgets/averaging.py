@@ -13,8 +13,9 @@ the gradient of its local mean ``L_p = (1/|B_p|) Σ_{i∈B_p} ℓ_i``. Two numbe
   for any sizes is the first graded exercise).
 
 :func:`averaging_result` computes both (each local gradient by the engine's backward pass,
-checked against the closed form in the tests); :func:`averaging_markdown` renders the
-syllabus's table from the computed values and :func:`build_averaging_widget` lets a reader
+checked against the closed form in the tests), :func:`averaging_result_from_ranks` takes them
+from a run on ranks as the ranks returned them; :func:`averaging_markdown` renders the
+syllabus's table from the values and :func:`build_averaging_widget` lets a reader
 edit the examples, the number of ranks, the shard sizes and ``w``.
 """
 
@@ -136,6 +137,7 @@ class AveragingResult:
     shards: tuple[Shard, ...]
     mean_of_means: float  # (1/P) Σ_p ∇L_p
     full_batch: float  # (1/|B|) Σ_i ∇ℓ_i
+    from_ranks: bool = False  # the local means and their mean are what the ranks returned
 
     @property
     def num_examples(self) -> int:
@@ -166,6 +168,39 @@ def averaging_result(
         shards=shards,
         mean_of_means=float(np.mean([s.local_mean for s in shards])),
         full_batch=local_mean_gradient(examples, w),
+    )
+
+
+def averaging_result_from_ranks(
+    shards: Sequence[Sequence[Example]],
+    local_means: Sequence[float],
+    averaged: Sequence[float],
+    full_batch: float,
+    w: float,
+) -> AveragingResult:
+    """The table's numbers as the ranks computed them: rank p held ``shards[p]``, computed
+    ``local_means[p]`` and got ``averaged[p]`` back from the all-reduce; ``full_batch`` is the
+    one-device gradient. Nothing is recomputed here.
+
+    The all-reduce hands every rank the same bits, so the table has one row for the mean; a
+    run whose ranks disagree is a ``ValueError``, not a table.
+    """
+    if not len(shards) == len(local_means) == len(averaged):
+        raise ValueError(
+            f"{len(shards)} shards, {len(local_means)} local means and {len(averaged)} averaged "
+            "values: give one of each per rank"
+        )
+    if len({float(a) for a in averaged}) != 1:
+        raise ValueError(f"the ranks hold different averages {list(averaged)}: not one mean")
+    return AveragingResult(
+        w=w,
+        shards=tuple(
+            Shard(rank, tuple(part), float(g))
+            for rank, (part, g) in enumerate(zip(shards, local_means, strict=True))
+        ),
+        mean_of_means=float(averaged[0]),
+        full_batch=float(full_batch),
+        from_ranks=True,
     )
 
 
@@ -236,6 +271,17 @@ def _rows(result: AveragingResult, math: bool) -> tuple[list[str], list[list[str
 
 
 def _verdict(result: AveragingResult) -> str:
+    if not result.from_ranks:
+        return _comparison(result)
+    p = len(result.shards)
+    ranks = "Both ranks hold" if p == 2 else f"All {_COUNT_WORDS.get(p, p)} ranks hold"
+    if p == 1:
+        ranks = "The one rank holds"
+    held = f"{ranks} {_value(result.mean_of_means)} after the all-reduce, bit for bit. "
+    return held + _comparison(result)
+
+
+def _comparison(result: AveragingResult) -> str:
     full = _value(result.full_batch)
     if result.equal_shards:
         same = bool(np.isclose(result.mean_of_means, result.full_batch))
