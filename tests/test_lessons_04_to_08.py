@@ -17,14 +17,21 @@ def _images(nb) -> int:
 @pytest.mark.slow
 def test_lesson_4_the_loss_and_the_data():
     nb, v = run_lesson(
-        lesson(4), ["T", "token_gap", "relative_gap", "forward_change", "norm_errors"]
+        lesson(4),
+        ["T", "token_gap", "relative_gap", "forward_change", "norm_errors", "norm_all_reduces"],
     )
     assert v["T"][0] != v["T"][1] and v["token_gap"] > 1e-3 and v["relative_gap"] > 0.01
     assert v["forward_change"]["batch_norm"] > 0.1
     assert v["forward_change"]["layer_norm"] < 1e-12 and v["forward_change"]["rms_norm"] < 1e-12
-    errors = v["norm_errors"]
-    assert errors["local batch norm"] > 1e-3
-    assert errors["synchronised batch norm"] < 1e-12 and errors["RMSNorm"] < 1e-12
+    errors, reduces = v["norm_errors"], v["norm_all_reduces"]
+    no_fan_out = "statistics summed, no fan-out: reduce_from_ranks"
+    fan_out = "statistics summed, then the fan-out: copy_to_ranks(reduce_from_ranks)"
+    library = "synchronised batch norm (dp.sync_batch_norm)"
+    assert errors["local batch norm"] > 1e-3 and errors[no_fan_out] > 1e-3  # rule 1's sum missing
+    assert errors[fan_out] < 1e-12 and errors[library] < 1e-12 and errors["RMSNorm"] < 1e-12
+    # One all-reduce of W's gradient; the statistics add one forward, and rule 1 one backward.
+    assert reduces["local batch norm"] == reduces["RMSNorm"] == 1
+    assert reduces[no_fan_out] == 2 and reduces[fan_out] == reduces[library] == 3
     markdown = "\n".join(output_texts(nb, "text/markdown"))
     assert "| Situation | What goes wrong | Fix |" in markdown
     assert "copy_to_ranks(reduce_from_ranks(partial))" in markdown  # the layer's source shown
@@ -171,6 +178,12 @@ def test_lesson_7_duality_table():
     markdown = "\n".join(output_texts(nb, "text/markdown"))
     assert "def copy_to_ranks" in markdown and "def reduce_from_ranks" in markdown
     assert "The transpose (adjoint) of the all-gather row" in markdown
+    # The table shows the library's reasoning; the syllabus's is only quoted, in the text.
+    table = output_texts(nb, "text/markdown")[0]
+    assert all(row.reasoning in table for row in DUALITY_TABLE if row.in_syllabus)
+    assert "exact inverse" not in markdown
+    quoted = '"The exact\ninverse of the row above."'  # the syllabus's words, as a quotation
+    assert any(quoted in cell.source for cell in nb.cells if cell.cell_type == "markdown")
     assert _images(nb) == 0  # the widget draws the routing
 
 

@@ -11,7 +11,8 @@ from chainrule.duality import DUALITY_TABLE, PER_RANK, REPLICATED
 WORLD_SIZES = (1, 2, 3, 4)
 TOL = 1e-12
 
-# The syllabus's table, word for word (the lesson renders DUALITY_TABLE; it must say this).
+# The syllabus's table, word for word: kept in DUALITY_TABLE as the syllabus's reasoning, a
+# quotation; the library's own reasoning is another sentence, its derivation.
 SYLLABUS_ROWS = [
     (
         "identity (value already replicated)",
@@ -51,8 +52,17 @@ def random_inputs(row, world_size, seed=1, shape=None):
 
 
 def test_syllabus_rows_are_the_table_text_in_order():
-    rows = [(r.forward, r.backward, r.reasoning) for r in DUALITY_TABLE if r.in_syllabus]
+    rows = [(r.forward, r.backward, r.syllabus_reasoning) for r in DUALITY_TABLE if r.in_syllabus]
     assert rows == SYLLABUS_ROWS
+
+
+def test_the_librarys_reasoning_is_its_own_and_never_calls_reduce_scatter_an_inverse():
+    for row in DUALITY_TABLE:
+        assert row.reasoning and row.reasoning != row.syllabus_reasoning, row.key
+        assert "inverse of" not in row.reasoning, row.key
+    assert duality.duality_row("all_gather_replicated").syllabus_reasoning is None
+    scatter = duality.duality_row("reduce_scatter").reasoning
+    assert scatter.startswith("The transpose (adjoint) of the all-gather row, not its inverse")
 
 
 def test_the_added_row_is_the_replicated_all_gather_with_split_backward():
@@ -68,10 +78,14 @@ def test_markdown_renders_every_row_and_can_leave_out_the_addition():
     full = duality.duality_table_markdown().splitlines()
     assert full[0] == "| Forward operation | Backward operation | Reasoning |"
     assert len(full) == 2 + len(DUALITY_TABLE)
-    for forward, backward, reasoning in SYLLABUS_ROWS:
-        assert f"| {forward} | {backward} | {reasoning} |" in full
+    for row in DUALITY_TABLE:
+        assert f"| {row.forward} | {row.backward} | {row.reasoning} |" in full
+    assert "exact inverse" not in "\n".join(full)  # the syllabus's claim is not the library's
     syllabus_only = duality.duality_table_markdown(include_additions=False).splitlines()
     assert len(syllabus_only) == 2 + len(SYLLABUS_ROWS)
+    assert [line.split(" | ")[0][2:] for line in syllabus_only[2:]] == [
+        forward for forward, _, _ in SYLLABUS_ROWS
+    ]
 
 
 def test_rows_are_found_by_key_and_unknown_keys_name_the_choices():

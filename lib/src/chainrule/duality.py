@@ -277,7 +277,12 @@ def global_split(xs: Sequence[Any], world_size: int, axis: int = 0) -> list[Any]
 class DualityRow:
     """One row of the duality table, with the code that implements and checks it.
 
-    ``forward``, ``backward`` and ``reasoning`` are the table's text. ``engine_fn`` is the
+    ``forward``, ``backward`` and ``reasoning`` are the table's text: the reasoning is this
+    library's, one sentence of the derivation in each function's docstring.
+    ``syllabus_reasoning`` is the syllabus's own reasoning for its rows, word for word: a
+    quotation, kept to be shown as one, not a claim of this library (the reduce-scatter row's,
+    "the exact inverse", says more than is true: the row is the all-gather row's transpose, and
+    an all-gather followed by a reduce-scatter multiplies by P). ``engine_fn`` is the
     differentiable collective on engine tensors (:mod:`chainrule.duality`), :attr:`torch_fn`
     the same on torch tensors (:mod:`chainrule.duality_torch`, imported on first use), both
     callable as ``fn(x)`` with default axes. ``input_kind`` and ``output_kind`` say whether
@@ -300,6 +305,7 @@ class DualityRow:
     global_fn: Callable[..., list[Any]]
     splits_input: bool = False
     in_syllabus: bool = True
+    syllabus_reasoning: str | None = None
 
     @property
     def torch_fn(self) -> Callable[..., Any]:
@@ -314,7 +320,11 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         key="identity",
         forward="identity (value already replicated)",
         backward="all-reduce (sum)",
-        reasoning="Replication is a fan-out; rule 1 says sum the incoming gradients.",
+        reasoning=(
+            "Handing one value to P ranks' own computations is a fan-out of width P: "
+            "rule 1 sums their P gradients."
+        ),
+        syllabus_reasoning="Replication is a fan-out; rule 1 says sum the incoming gradients.",
         engine_fn=copy_to_ranks,
         input_kind=REPLICATED,
         output_kind=PER_RANK,
@@ -325,6 +335,10 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         forward="all-reduce (sum of partial results)",
         backward="identity",
         reasoning=(
+            "A sum's derivative in each addend is the identity: every rank's partial result "
+            "receives the sum's gradient unchanged."
+        ),
+        syllabus_reasoning=(
             "Each rank contributed one addend, so each receives the incoming gradient unchanged."
         ),
         engine_fn=reduce_from_ranks,
@@ -337,6 +351,10 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         forward="all-gather (assemble shards)",
         backward="reduce-scatter",
         reasoning=(
+            "Every rank feeds its own copy of the concatenation to its own computation: rule 1 "
+            "sums the P copies' gradients, rule 2 hands shard q slice q of that sum."
+        ),
+        syllabus_reasoning=(
             "Concatenation forward routes gradients backward, "
             "and the summation over replicas rides along."
         ),
@@ -349,7 +367,11 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         key="reduce_scatter",
         forward="reduce-scatter",
         backward="all-gather",
-        reasoning="The exact inverse of the row above.",
+        reasoning=(
+            "The transpose (adjoint) of the all-gather row, not its inverse: every input reaches "
+            "every slice, so each rank's gradient is all P slices' gradients, concatenated."
+        ),
+        syllabus_reasoning="The exact inverse of the row above.",
         engine_fn=reduce_scatter_to_ranks,
         input_kind=PER_RANK,
         output_kind=PER_RANK,
@@ -360,7 +382,11 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         key="all_to_all",
         forward="all-to-all",
         backward="all-to-all (transposed)",
-        reasoning="A permutation of data; its adjoint is the inverse permutation.",
+        reasoning=(
+            "Every entry moves and none is added, a permutation: its transpose is the inverse "
+            "permutation, an all-to-all with the split and concatenation axes swapped."
+        ),
+        syllabus_reasoning="A permutation of data; its adjoint is the inverse permutation.",
         engine_fn=all_to_all_ranks,
         input_kind=PER_RANK,
         output_kind=PER_RANK,
@@ -371,7 +397,11 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         key="split",
         forward="split / scatter",
         backward="all-gather",
-        reasoning="Slicing forward, concatenating backward.",
+        reasoning=(
+            "Each rank keeps one slice of a replicated value; the slices' gradients, "
+            "concatenated (rule 2 read backwards), are the value's gradient on every rank."
+        ),
+        syllabus_reasoning="Slicing forward, concatenating backward.",
         engine_fn=split_to_ranks,
         input_kind=REPLICATED,
         output_kind=PER_RANK,
@@ -405,7 +435,8 @@ def duality_row(key: str) -> DualityRow:
 
 
 def duality_table_markdown(include_additions: bool = True) -> str:
-    """The table as Markdown (forward | backward | reasoning), syllabus rows first."""
+    """The table as Markdown (forward | backward | reasoning, the library's reasoning), the
+    syllabus's rows first; ``include_additions=False`` leaves out the rows it does not have."""
     rows = [r for r in DUALITY_TABLE if r.in_syllabus or include_additions]
     lines = [
         "| Forward operation | Backward operation | Reasoning |",

@@ -106,18 +106,6 @@ def route(key: str, world_size: int, shard: int = 2) -> Routing:
     )
 
 
-REASONING_CORRECTIONS = {
-    "reduce_scatter": "The transpose (adjoint) of the all-gather row; not its inverse.",
-}
-"""Where the syllabus's reasoning says more than is true: reduce-scatter's backward is the
-transpose of the all-gather row (an all-gather followed by a reduce-scatter multiplies by P)."""
-
-
-def reasoning(row: DualityRow) -> str:
-    """The row's reasoning, corrected where :data:`REASONING_CORRECTIONS` says so."""
-    return REASONING_CORRECTIONS.get(row.key, row.reasoning)
-
-
 def collective_names(names: list[str]) -> str:
     """``["reduce_scatter"]`` as "reduce-scatter"; an empty list as "none (no communication)"."""
     return ", ".join(n.replace("_", "-") for n in names) or "none (no communication)"
@@ -138,7 +126,7 @@ def routing_table(routing: Routing) -> str:
         f"{collective_names(routing.forward_collectives)}<br>"
         f"<b>Backward:</b> {row.backward} — collectives seen: "
         f"{collective_names(routing.backward_collectives)}<br>"
-        f"<i>{reasoning(row)}</i></p>"
+        f"<i>{row.reasoning}</i></p>"
     )
     body = html_table(
         ["rank", "input x", "output y", "cotangent ȳ", "gradient x̄"],
