@@ -12,10 +12,29 @@ def test_table_has_the_five_rows_and_three_columns():
     assert len(lines) == 2 + 5
     for row in ex.EXACTNESS_TABLE:
         assert row.situation in md and row.fix in md
-        assert 0 <= row.assumption < len(ex.PROOF_ASSUMPTIONS)
+        assert row.assumption is None or 0 <= row.assumption < len(ex.PROOF_ASSUMPTIONS)
     with_assumption = ex.exactness_table_markdown(with_assumption=True)
     assert with_assumption.splitlines()[0].endswith("| Assumption broken |")
     assert ex.PROOF_ASSUMPTIONS[1] in with_assumption
+
+
+def test_clipping_breaks_no_assumption_but_lies_beyond_linearity():
+    broken = {r.situation: r.assumption for r in ex.EXACTNESS_TABLE}
+    assert broken["Global gradient clipping"] is None
+    assert broken["Uneven token counts per rank"] == 1 and broken["Batch normalization"] == 0
+    rows = ex.exactness_table_markdown(with_assumption=True).splitlines()
+    clipping = next(line for line in rows if line.startswith("| Global gradient clipping"))
+    assert clipping.endswith(f"| {ex.BEYOND_LINEARITY} |") and "nonlinear" in clipping
+    # The reason, in numbers: clipping the shards' gradients and averaging is not clipping
+    # the average, although the average of the gradients is the full-batch gradient.
+    rng = np.random.default_rng(0)
+    local = [rng.standard_normal(4) * s for s in (0.3, 3.0)]
+
+    def clipped(g, max_norm=1.0):
+        return g * min(1.0, max_norm / np.linalg.norm(g))
+
+    mean_of_clipped = np.mean([clipped(g) for g in local], axis=0)
+    assert np.abs(mean_of_clipped - clipped(np.mean(local, axis=0))).max() > 0.1
 
 
 def test_the_table_can_be_cut_into_the_two_lessons():

@@ -2,10 +2,13 @@
 (lesson 4).
 
 The proof that averaging shard gradients gives the full-batch gradient rests on three
-assumptions (:data:`PROOF_ASSUMPTIONS`). Each row of :data:`EXACTNESS_TABLE` (the syllabus's
-table) is a way real training breaks one of them. Lesson 4 treats the first two rows (uneven
-token counts, batch normalization: :func:`normalize_by_shard`); lesson 5 the last three
-(:mod:`chainrule.widgets.replicas`).
+assumptions (:data:`PROOF_ASSUMPTIONS`) and on linearity: the mean commutes with the sums of
+differentiation, and with nothing that is not linear. Each row of :data:`EXACTNESS_TABLE` (the
+syllabus's table, in its words) is a way real training breaks one of the assumptions, except
+global gradient clipping, which breaks none: the clip is a nonlinear function of the whole
+gradient, applied after the proof is done (:data:`BEYOND_LINEARITY`). Lesson 4 treats the first
+two rows (uneven token counts, batch normalization: :func:`normalize_by_shard`); lesson 5 the
+last three (:mod:`chainrule.widgets.replicas`).
 """
 
 from __future__ import annotations
@@ -27,19 +30,29 @@ PROOF_ASSUMPTIONS: tuple[str, ...] = (
     "every rank starts from the same θ",
 )
 
+BEYOND_LINEARITY = (
+    "none: the clip is a nonlinear function of the whole gradient, where the proof's "
+    "linearity does not reach"
+)
+"""What global gradient clipping breaks: no assumption. The proof shows that the mean of the
+local gradients is ∇L; clipping is applied to a gradient, and clip(mean) ≠ mean(clip): it must
+see the whole averaged gradient (plain data parallelism: after the all-reduce) or the global
+norm (a sharded gradient: an all-reduce of the squared norms)."""
+
 
 @dataclass(frozen=True)
 class ExactnessRow:
     """One row of the syllabus's table: a situation, what goes wrong, and the fix.
 
     ``assumption`` is the index in :data:`PROOF_ASSUMPTIONS` of the assumption the situation
-    breaks (or the step of the proof it breaks, for the two rows about the collective itself).
+    breaks, or ``None`` where it breaks none of them and lies beyond the proof's linearity
+    (global gradient clipping, :data:`BEYOND_LINEARITY`).
     """
 
     situation: str
     what_goes_wrong: str
     fix: str
-    assumption: int
+    assumption: int | None
 
 
 EXACTNESS_TABLE: tuple[ExactnessRow, ...] = (
@@ -65,7 +78,7 @@ EXACTNESS_TABLE: tuple[ExactnessRow, ...] = (
         "The clip coefficient depends on the norm of the whole gradient, which no single rank "
         "possesses.",
         "All-reduce the sum of squared norms first, then apply the same coefficient on every rank.",
-        2,
+        None,
     ),
     ExactnessRow(
         "A rank drops out of the collective",
@@ -97,7 +110,9 @@ def exactness_table_markdown(with_assumption: bool = False, rows: slice | None =
     if with_assumption:
         header.append("Assumption broken")
         for row, r in zip(cells, chosen, strict=True):
-            row.append(PROOF_ASSUMPTIONS[r.assumption])
+            row.append(
+                BEYOND_LINEARITY if r.assumption is None else PROOF_ASSUMPTIONS[r.assumption]
+            )
     return markdown_table(header, cells)
 
 
