@@ -68,3 +68,33 @@ def test_measure_times_raw_collectives_on_gloo():
         for op in ("all_reduce", "all_gather", "reduce_scatter")
     ]
     assert all(m.seconds > 0 for m in found)
+
+
+def test_all_to_all_on_a_switch_ring_and_torus():
+    N = 4096.0
+    for P in (2, 4, 16):  # the switch: each rank's own link carries what it sends
+        assert cc.all_to_all_link_bytes(N, P, "switch") == cc.ring_bytes("all_to_all", N, P)
+    # a ring: the busiest link carries P/8 · N (P even), more than a switch's link from P = 8 on
+    for P in (4, 6, 8, 16, 32):
+        assert cc.all_to_all_link_bytes(N, P, "ring") == pytest.approx(P / 8 * N)
+    assert cc.all_to_all_link_bytes(N, 4, "ring") < cc.all_to_all_link_bytes(N, 4, "switch")
+    assert cc.all_to_all_link_bytes(N, 16, "ring") > cc.all_to_all_link_bytes(N, 16, "switch")
+    # a √P × √P torus: √P/8 · N
+    for P in (16, 36, 64):
+        assert cc.all_to_all_link_bytes(N, P, "torus") == pytest.approx(P**0.5 / 8 * N)
+    # an odd ring: every chunk has one shorter way; the load is still even over the links
+    assert cc.all_to_all_link_bytes(N, 5, "ring") == pytest.approx(6 / 5 * N / 2)
+    assert cc.all_to_all_link_bytes(N, 1, "ring") == 0.0
+    with pytest.raises(ValueError, match="square"):
+        cc.all_to_all_link_bytes(N, 8, "torus")
+    with pytest.raises(ValueError, match="unknown topology"):
+        cc.all_to_all_link_bytes(N, 8, "mesh")
+
+
+@pytest.mark.skipif(not dist.is_available("gloo"), reason="needs gloo")
+def test_gloo_runs_reduce_scatter_as_all_reduces():
+    works = cc.gloo_works(world_size=3, elements=3 * 256)
+    assert works["all_reduce"] == [("all_reduce", [768])]
+    assert works["all_gather"] == [("all_gather", [256])]
+    assert works["reduce_scatter"] == [("all_reduce", [256])] * 3  # one per slice
+    assert works["reduce_scatter_single"] == [("all_reduce", [768])]  # the whole tensor

@@ -7,19 +7,27 @@ all-reduce, the gathered result of an all-gather, the full input of a reduce-sca
   neighbour. Per rank: ``(P−1)/P · N`` bytes sent (and as many received).
 - **reduce-scatter**: the same ring, adding instead of copying: ``(P−1)/P · N``.
 - **all-reduce** = reduce-scatter then all-gather: 2(P − 1) steps, ``2(P−1)/P · N``.
-- **all-to-all** of a buffer of N bytes per rank: every rank keeps 1/P of it and sends the rest,
-  ``(P−1)/P · N``, in P − 1 exchanges.
+- **all-to-all** of a buffer of N bytes per rank: every rank keeps 1/P of it and sends the
+  rest, ``(P−1)/P · N``, in P − 1 exchanges. This assumes a **fully connected switch**: every
+  rank sends at its full bandwidth B at once and no link carries another pair's bytes (a
+  non-blocking switch, or NVLink through NVSwitch). On a ring or a torus, where a chunk crosses
+  the ranks between its source and its destination, links are shared and the busiest one
+  carries more: about ``P/8 · N`` on a bidirectional ring, ``√P/8 · N`` on a 2-D torus
+  (:func:`all_to_all_link_bytes` routes every chunk and counts).
 
 With α the latency of one step (seconds) and B the bandwidth (bytes per second), the time is
 ``steps · α + bytes / B`` (:func:`alpha_beta_time`): for an all-reduce
-``2(P−1) α + 2(P−1)/P · N/B``. The bytes do not grow with P: a ring all-reduce of N bytes moves
-less than 2N per rank however many ranks there are, which is why it scales.
+``2(P−1) α + 2(P−1)/P · N/B``. The bytes per rank stay below 2N however many ranks there are
+(the ring is bandwidth-optimal), but the latency term grows linearly with P, while the compute
+of each rank shrinks as 1/P: communication's share of a step grows with P.
 
 :func:`event_bytes` reads the per-rank bytes off a :class:`chainrule.dist.CollectiveEvent`
-(whose ``nbytes`` is what one rank *contributes*: for an all-gather the slice, N/P), so the
-bytes a training step moves can be counted from a trace of the step itself. :func:`fit` finds
-α and B from measured times by least squares, and :func:`measure_collectives` measures
-``torch.distributed``'s own collectives on gloo.
+(whose ``nbytes`` is what one rank *contributes*: for an all-gather the slice, N/P) by this
+model, so the bytes a training step moves can be counted from a trace of the step itself:
+the model's bytes for each recorded collective, not bytes measured on a wire. :func:`fit`
+finds α and B from measured times by least squares, :func:`measure_collectives` measures
+``torch.distributed``'s own collectives on gloo, and :func:`gloo_works` records what gloo
+runs for each of them (its reduce-scatter is not a ring: it runs all-reduces).
 """
 
 from __future__ import annotations
@@ -37,7 +45,10 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 def bytes_factor(op: str, world_size: int) -> float:
     """Bytes one rank sends, per byte of N: ``2(P−1)/P`` for all-reduce, ``(P−1)/P`` for
-    all-gather, reduce-scatter and all-to-all, 0 for a barrier (and on one rank)."""
+    all-gather, reduce-scatter and all-to-all, 0 for a barrier (and on one rank).
+
+    For the all-to-all these are the bytes each rank *sends*; that they take ``bytes / B``
+    assumes a fully connected switch (see :func:`all_to_all_link_bytes` for a ring or torus)."""
     P = world_size
     if op == "barrier" or P == 1:
         return 0.0
@@ -95,6 +106,65 @@ def trace_bytes(events: Iterable[Any]) -> dict[str, float]:
         if op != "barrier":
             totals[op] = totals.get(op, 0.0) + event_bytes(event)
     return totals
+
+
+# -- all-to-all on a network that is not a switch -----------------------------------------------
+
+TOPOLOGIES = ("switch", "ring", "torus")
+"""The networks :func:`all_to_all_link_bytes` knows: a fully connected switch, a bidirectional
+ring, a square 2-D torus (a bidirectional ring along each of its two axes)."""
+
+
+def all_to_all_link_bytes(nbytes: float, world_size: int, topology: str = "switch") -> float:
+    """Bytes on the busiest link (one direction) of an all-to-all of ``nbytes`` per rank.
+
+    Every rank sends ``nbytes / P`` to each of the other P − 1 ranks. ``"switch"``: each rank
+    has its own link into a non-blocking switch, so the busiest link carries one rank's
+    ``(P−1)/P · N`` (what :func:`ring_bytes` assumes). ``"ring"``: ranks on a bidirectional
+    ring, each chunk taking the shorter way round (half each way at distance P/2), so a link
+    also carries the chunks of the pairs it lies between. ``"torus"``: a √P × √P torus, each
+    chunk routed along the first axis, then the second (dimension-order routing). Every chunk
+    is routed and every link's bytes are added up; the time is then ``this / B``.
+    """
+    P = world_size
+    if topology not in TOPOLOGIES:
+        raise ValueError(f"unknown topology {topology!r}; known: {', '.join(TOPOLOGIES)}")
+    if P == 1:
+        return 0.0
+    chunk = nbytes / P
+    if topology == "switch":
+        return (P - 1) * chunk
+    side = round(P**0.5)
+    if topology == "torus" and side * side != P:
+        raise ValueError(f"a square torus needs P to be a square, got {P}")
+    shape = (P,) if topology == "ring" else (side, side)
+    load: dict[tuple[tuple[int, ...], int, int], float] = {}  # (node, axis, ±1) → bytes
+
+    def walk(at: list[int], axis: int, steps: int, direction: int, amount: float) -> None:
+        here = list(at)
+        for _ in range(steps):
+            key = (tuple(here), axis, direction)
+            load[key] = load.get(key, 0.0) + amount
+            here[axis] = (here[axis] + direction) % shape[axis]
+
+    for source in np.ndindex(*shape):
+        for target in np.ndindex(*shape):
+            if source == target:
+                continue
+            at = list(source)
+            for axis, n in enumerate(shape):
+                forward = (target[axis] - at[axis]) % n
+                if forward == 0:
+                    continue
+                if 2 * forward < n:
+                    walk(at, axis, forward, +1, chunk)
+                elif 2 * forward > n:
+                    walk(at, axis, n - forward, -1, chunk)
+                else:  # as far one way as the other: half each way
+                    walk(at, axis, forward, +1, chunk / 2)
+                    walk(at, axis, forward, -1, chunk / 2)
+                at[axis] = target[axis]
+    return max(load.values())
 
 
 # -- fitting α and B ------------------------------------------------------------------------------
@@ -212,3 +282,62 @@ def measure_collectives(
         rows = dist.run(_time_on_rank, P, backend=backend, args=args, timeout=timeout)[0]
         found += [Measurement(*row) for row in rows]
     return found
+
+
+# -- what gloo runs -------------------------------------------------------------------------------
+
+
+def _gloo_works_on_rank(
+    ops: Sequence[str], elements: int
+) -> list[tuple[str, list[tuple[str, list[int]]]]]:
+    """SPMD (torch backend): each raw call under the profiler; the gloo works it ran, rank 0's."""
+    import torch
+    import torch.distributed as td
+
+    P = td.get_world_size()
+    elements = elements // P * P
+    calls = _raw_calls(td, torch.zeros(elements, dtype=torch.float32), P)
+    calls["reduce_scatter_single"] = lambda: td.reduce_scatter_single(
+        torch.zeros(elements // P), torch.zeros(elements)
+    )
+    found = []
+    for op in ops:
+        calls[op]()  # warm-up, outside the record
+        td.barrier()
+        # the autograd profiler without Kineto: it records the same gloo works, and starts at
+        # once (Kineto's first start takes seconds)
+        with torch.autograd.profiler.profile(record_shapes=True, use_kineto=False) as profile:
+            calls[op]()
+        works = [
+            (event.name.removeprefix("gloo:"), [int(np.prod(s)) for s in event.input_shapes])
+            for event in profile.function_events
+            if event.name.startswith("gloo:")
+        ]
+        found.append((op, works))
+    return found
+
+
+def gloo_works(
+    ops: Sequence[str] = ("all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_single"),
+    world_size: int = 3,
+    elements: int = 3 << 10,
+    timeout: float = 120.0,
+) -> dict[str, list[tuple[str, list[int]]]]:
+    """What ProcessGroupGloo runs for one call of each of ``torch.distributed``'s ``ops`` on a
+    float32 tensor of ``elements`` (N = 4·elements bytes): the gloo works that
+    PyTorch's profiler records on rank 0, in order, each with the element counts of its tensors.
+
+    ``"reduce_scatter"`` is ``torch.distributed.reduce_scatter`` on a list of P slices (what
+    :func:`measure_collectives` times), ``"reduce_scatter_single"`` the one-tensor form.
+    ProcessGroupGloo runs neither as a ring reduce-scatter: the first is one all-reduce of a
+    copy of each of the P slices (N/P elements each), the second one all-reduce of a copy of
+    all N elements, of which the rank keeps its slice; both move an all-reduce's bytes.
+    ``elements`` is rounded down to a multiple of P.
+    """
+    from chainrule import dist
+
+    rows = dist.run(
+        _gloo_works_on_rank, world_size, backend="gloo", args=(tuple(ops), elements),
+        timeout=timeout,
+    )[0]  # fmt: skip
+    return dict(rows)
