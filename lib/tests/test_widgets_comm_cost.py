@@ -42,13 +42,26 @@ def test_step_cost_times_are_the_model_of_each_collective():
 def test_fits_are_drawn_per_collective():
     measurements = [
         cc.Measurement(op, P, n, cc.alpha_beta_time(op, n, P, 3e-4, 1e9))
-        for op in ("all_reduce", "all_gather")
+        for op in ("all_reduce", "all_gather", "reduce_scatter")
         for P in (2, 4)
         for n in (1 << 10, 1 << 20)
     ]
     fits = {op: cc.fit(measurements, op) for op in ("all_reduce", "all_gather")}
-    figure = cw.plot_fits(measurements, fits)
-    assert len(figure.axes) == 2 and "α = 300 µs" in figure.axes[0].get_title()
+    figure = cw.plot_fits(measurements, fits, against={"reduce_scatter": "all_reduce"})
+    titles = [ax.get_title() for ax in figure.axes]
+    assert len(titles) == 3 and "α = 300 µs" in titles[0]
+    assert "off by 0% (median), 0% (max)" in titles[0]  # the fit's error is on the picture
+    assert titles[2].startswith("reduce-scatter: no fit") and "all-reduce" in titles[2]
+    # the unfitted panel: its own points (filled) and the other collective's (open, dotted)
+    lines = figure.axes[2].get_lines()
+    assert [line.get_markerfacecolor() == "none" for line in lines] == [False, True] * 2
+
+
+def test_step_table_is_compact():
+    table = cw.step_table(cw.step_cost(12, 2048, 4, alpha=1e-4, bandwidth=1e9))
+    assert table.count("white-space: nowrap") == 5  # no header wraps
+    assert "line-height: 1.35" in table  # not the widget's taller line
+    assert "<td" in table and "all-gather of X, reduce-scatter of Y" in table
 
 
 def test_widget_at_both_ends(sweep):

@@ -1,7 +1,8 @@
 """What communication costs (lesson 12): measured collectives, the fitted α–β model, and the
 bytes each parallelism moves per training step, read from the placements.
 
-:func:`plot_fits` draws measured times against the fitted model, one panel per collective.
+:func:`plot_fits` draws measured times against the fitted model, one panel per collective (or,
+for a collective that gets no fit, against another collective's times).
 :func:`step_communication` lists the collectives of one MLP block (``X W₁``, ``tanh``,
 ``· W₂``) under data, tensor or sequence parallelism, from the placements of its tensors
 (:func:`chainrule.sharded.plan_matmul` and :func:`chainrule.placement.transition`), with the
@@ -11,6 +12,7 @@ with the time the fitted model predicts.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +24,6 @@ from chainrule import sharded as sh
 from chainrule.comm_cost import Fit, Measurement, alpha_beta_time, ring_bytes
 from chainrule.placement import Partial, Placement, Replicate, Shard, transition
 from chainrule.widgets.live_widget import LiveWidget
-from chainrule.widgets.tables import html_table
 
 PARALLELISMS = ("data parallel", "tensor parallel", "sequence parallel")
 P_COLOURS = {2: "#1f77b4", 3: "#ff7f0e", 4: "#2ca02c", 8: "#d62728"}
@@ -35,33 +36,61 @@ PLACEMENTS: dict[str, tuple[Placement, Placement, Placement, Placement | None]] 
 }
 
 
-def plot_fits(measurements: Sequence[Measurement], fits: Mapping[str, Fit]) -> Figure:
-    """One log-log panel per collective: measured medians (dots) and the fitted model (lines),
-    one colour per number of ranks."""
-    figure = Figure(figsize=(9.2, 3.3))
-    axes = figure.subplots(1, len(fits), sharey=True)
-    for ax, (op, fit) in zip(np.atleast_1d(axes), fits.items(), strict=True):
-        rows = [m for m in measurements if m.op == op]
-        for P in sorted({m.world_size for m in rows}):
-            mine = sorted((m for m in rows if m.world_size == P), key=lambda m: m.nbytes)
-            sizes = np.array([m.nbytes for m in mine], dtype=float)
+def plot_fits(
+    measurements: Sequence[Measurement],
+    fits: Mapping[str, Fit],
+    against: Mapping[str, str] | None = None,
+) -> Figure:
+    """One log-log panel per measured collective: its medians (dots), one colour per number of
+    ranks, and the fitted model (lines, the fit's errors in the title) where ``fits`` has one.
+
+    A collective without a fit is drawn against another one's measurements (``against``: op →
+    op, open circles joined by dotted lines), e.g. gloo's reduce-scatter against its all-reduce.
+    """
+    against = dict(against or {})
+    ops = list(dict.fromkeys(m.op for m in measurements))
+    figure = Figure(figsize=(3.1 * len(ops), 3.5))
+    axes = np.atleast_1d(figure.subplots(1, len(ops), sharey=True))
+    for ax, op in zip(axes, ops, strict=True):
+        fit, other = fits.get(op), against.get(op)
+        for P in sorted({m.world_size for m in measurements if m.op == op}):
             colour = P_COLOURS.get(P, "#555555")
+            mine = _series(measurements, op, P)
+            sizes = np.array([m.nbytes for m in mine], dtype=float)
             ax.loglog(sizes, [m.seconds * 1e3 for m in mine], "o", color=colour, ms=4,
                       label=f"P = {P}")  # fmt: skip
-            grid = np.geomspace(sizes.min(), sizes.max(), 50)
-            ax.loglog(grid, [fit.predict(n, P) * 1e3 for n in grid], "-", color=colour, lw=1)
+            if fit is not None:
+                grid = np.geomspace(sizes.min(), sizes.max(), 50)
+                ax.loglog(grid, [fit.predict(n, P) * 1e3 for n in grid], "-", color=colour, lw=1)
+            elif other is not None:
+                theirs = _series(measurements, other, P)
+                ax.loglog([m.nbytes for m in theirs], [m.seconds * 1e3 for m in theirs], "o:",
+                          color=colour, ms=5, mfc="none", lw=1)  # fmt: skip
         name = op.replace("_", "-")
-        ax.set_title(
-            f"{name}: α = {fit.alpha * 1e6:.0f} µs, B = {fit.bandwidth / 1e9:.2g} GB/s", fontsize=9
-        )
+        if fit is not None:
+            title = (
+                f"{name}: α = {fit.alpha * 1e6:.0f} µs, B = {fit.bandwidth / 1e9:.2g} GB/s\n"
+                f"fit off by {fit.median_relative_error:.0%} (median), "
+                f"{fit.max_relative_error:.0%} (max)"
+            )
+        elif other is not None:
+            title = f"{name}: no fit\nopen, dotted: {other.replace('_', '-')}"
+        else:
+            title = f"{name}: no fit"
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("N, bytes", fontsize=9)
         ax.tick_params(labelsize=9)
         ax.grid(True, which="major", alpha=0.3)
-    first = np.atleast_1d(axes)[0]
-    first.set_ylabel("milliseconds per call", fontsize=9)
-    first.legend(fontsize=9, frameon=False)
+    axes[0].set_ylabel("milliseconds per call", fontsize=9)
+    axes[0].legend(fontsize=9, frameon=False)
     figure.tight_layout()
     return figure
+
+
+def _series(measurements: Sequence[Measurement], op: str, world_size: int) -> list[Measurement]:
+    """The measurements of ``op`` on ``world_size`` ranks, by size."""
+    mine = [m for m in measurements if m.op == op and m.world_size == world_size]
+    return sorted(mine, key=lambda m: m.nbytes)
 
 
 # -- bytes per step, from the placements -----------------------------------------------------------
@@ -149,17 +178,41 @@ def _mib(nbytes: float) -> str:
 
 
 def step_table(cost: StepCost) -> str:
-    """HTML: per parallelism, the collectives of a step, MiB per rank and the model's time."""
+    """HTML: per parallelism, the collectives of a step (forward, backward), MiB per rank and the
+    model's time; single-spaced, and no header wraps."""
     rows = []
     for name, comm in cost.rows.items():
-        what = "; ".join(f"{p[0]}: {op.replace('_', '-')} of {on}" for p, op, on, _ in comm)
-        rows.append((name, what, _mib(cost.total_bytes(name)), f"{cost.seconds[name] * 1e3:.1f}"))
+        passes = [
+            ", ".join(f"{op.replace('_', '-')} of {on}" for p, op, on, _ in comm if p == when)
+            or "none"
+            for when in ("forward", "backward")
+        ]  # fmt: skip
+        rows.append(
+            (name, *passes, _mib(cost.total_bytes(name)), f"{cost.seconds[name] * 1e3:.1f}")
+        )
     head = (
-        f"<p>One MLP block (d = {cost.hidden}, MLP width 4d, bf16), {cost.tokens:,} tokens, "
-        f"P = {cost.world_size}; f: forward, b: backward.</p>"
+        f"<p style='margin: 0 0 4px 0; line-height: 1.4'>One MLP block (d = {cost.hidden}, "
+        f"MLP width 4d, bf16), {cost.tokens:,} tokens, P = {cost.world_size}.</p>"
     )
-    return head + html_table(
-        ["parallelism", "collectives", "MiB per rank", "ms by the fitted model"], rows
+    return head + compact_table(
+        ["parallelism", "forward", "backward", "MiB per rank", "ms, model"], rows
+    )
+
+
+def compact_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """An HTML table at the text's own line height (a widget's HTML sets a taller one, which
+    double-spaces a plain table), its headers on one line each."""
+    line = "padding: 1px 10px; text-align: left; line-height: 1.35"
+    head = "".join(
+        f'<th style="{line}; white-space: nowrap">{html.escape(str(h))}</th>' for h in header
+    )
+    body = "".join(
+        "<tr>" + "".join(f'<td style="{line}">{html.escape(str(c))}</td>' for c in row) + "</tr>"
+        for row in rows
+    )
+    return (
+        f'<table style="border-collapse: collapse; line-height: 1.35">'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     )
 
 
