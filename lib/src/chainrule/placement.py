@@ -204,9 +204,17 @@ class Transition:
 
     def communication(self, nbytes: float, world_size: int) -> list[tuple[str, str, float]]:
         """``(pass, collective, bytes per rank)`` of every collective of the transition, forward
-        first, for a (global) tensor of ``nbytes`` (:func:`chainrule.comm_cost.ring_bytes`)."""
+        first, for a (global) tensor of ``nbytes`` (:func:`chainrule.comm_cost.ring_bytes`).
+
+        The ring model takes N to be the whole tensor for a gather or a reduction, but one
+        rank's buffer for an all-to-all: a sharded tensor's slice, ``nbytes / world_size``."""
+
+        def sent(op: str) -> float:
+            buffer = nbytes / world_size if op == "all_to_all" else nbytes
+            return ring_bytes(op, buffer, world_size)
+
         passes = [("forward", self.forward_ops), ("backward", self.backward_ops)]
-        return [(p, op, ring_bytes(op, nbytes, world_size)) for p, ops in passes for op in ops]
+        return [(p, op, sent(op)) for p, ops in passes for op in ops]
 
     def apply(self, local: Tensor) -> Tensor:
         """This rank's tensor after the transition (differentiable: each step is a row)."""
