@@ -113,6 +113,8 @@ def test_backend_note_says_what_replaces_nccl():
     assert "gloo" not in _report(backends=("sim",)).backend_note
     gpu = _report(backends=("sim", "gloo", "nccl"), gpu=GpuInfo(True, True, ("H100", "H100")))
     assert "2 GPU(s)" in gpu.backend_note and "NCCL" in gpu.backend_note
+    for report in (cpu, gpu):  # the start page says the note once, after the report
+        assert report.backend_note not in report.to_markdown()
 
 
 def test_problems_and_markdown_list_what_is_missing():

@@ -12,7 +12,8 @@
   manager (the lessons' sliders) are installed and not disabled, and whether the kernel
   restart hint (:mod:`chainrule.restart_hint`) is switched on.
 
-The result is an :class:`InstallReport`; in a notebook it renders itself as Markdown.
+The result is an :class:`InstallReport`; in a notebook it renders itself as Markdown, and its
+:attr:`~InstallReport.backend_note` says in one sentence which backends the lessons will use.
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ class InstallReport:
         )
 
     def to_markdown(self) -> str:
-        """The report as Markdown: a status line, then tables of versions, imports, extensions."""
+        """The report as Markdown: a status line, the backends and GPUs found, then tables of
+        versions, imports, extensions. What the backends mean for the lessons is
+        :attr:`backend_note`, which the start page says once, after explaining them."""
         status = (
             "**Everything is installed.**"
             if self.ok
@@ -148,7 +151,6 @@ class InstallReport:
             [
                 status,
                 f"**Collective backends available:** {backends}. **GPU:** {gpu}.",
-                self.backend_note,
                 versions,
                 imports,
                 extensions,
