@@ -10,7 +10,8 @@ stage  sharded                      collectives of one step          bytes sent 
 0      nothing (data parallel)      all-reduce of g                  2(P−1)/P · Ψ
 1      optimizer state              reduce-scatter of g, all-gather  2(P−1)/P · Ψ
                                     of the updated θ
-2      + gradients                  the same                         2(P−1)/P · Ψ
+2      + gradients                  reduce-scatter of each layer's   2(P−1)/P · Ψ
+                                    g in the backward, all-gather
 3      + parameters (FSDP)          all-gather of θ forward, again   3(P−1)/P · Ψ
                                     backward, reduce-scatter of g
 =====  ===========================  ===============================  ==============================
@@ -18,24 +19,33 @@ stage  sharded                      collectives of one step          bytes sent 
 (Ψ in bytes of the buffer.) An all-reduce *is* a reduce-scatter followed by an all-gather, so
 stages 1 and 2 cost what data parallelism costs; stage 3 adds one all-gather, 1.5 times.
 
-**The flat buffer.** The parameters of a group (all of them for stages 0–2, one layer for
-stage 3, FSDP's "unit") are laid end to end in one buffer, padded with zeros to a multiple of
-P, ``n = P·c``; rank p owns chunk p, elements ``[p·c, (p+1)·c)`` (:class:`FlatLayout`). In
-placements (:mod:`chainrule.placement`) a replicated model state is ``Replicate()`` and a
-sharded one ``Shard(0)`` of the flat buffer. Each rank's gradient ``∇(L_p/P)`` of its term of
-the loss ``L = Σ_p L_p/P`` (L_p the mean over its equal shard of the batch) is ``Partial()``:
-the gradient is the sum of the ranks' addends. Every collective of a step is a placement change:
+**The flat buffers.** The parameters of a group are laid end to end in one buffer, padded with
+zeros to a multiple of P, ``n = P·c``; rank p owns chunk p, elements ``[p·c, (p+1)·c)``
+(:class:`FlatLayout`). Stages 0 and 1 have one group, the whole model; stages 2 and 3 one per
+layer (a *bucket* of gradients at stage 2, FSDP's *unit* at stage 3), so that the backward can
+reduce each layer's gradient as soon as it is complete. In placements
+(:mod:`chainrule.placement`) a replicated model state is ``Replicate()`` and a sharded one
+``Shard(0)`` of its flat buffer. Each rank's gradient ``∇(L_p/P)`` of its term of the loss
+``L = Σ_p L_p/P`` (L_p the mean over its equal shard of the batch) is ``Partial()``: the
+gradient is the sum of the ranks' addends. Every collective of a step is a placement change:
 
-- stage 0: g ``Partial → Replicate``, an all-reduce;
-- stages 1, 2: g ``Partial → Shard(0)``, a reduce-scatter; the updated θ ``Shard(0) →
-  Replicate``, an all-gather;
+- stage 0: g ``Partial → Replicate``, an all-reduce after the backward;
+- stage 1: g ``Partial → Shard(0)``, a reduce-scatter after the backward; the updated θ
+  ``Shard(0) → Replicate``, an all-gather;
+- stage 2: the same two, but each layer's g is reduce-scattered inside the backward, as soon
+  as the layer's VJP has made it, and the full bucket is dropped (:func:`bucketed_layer`);
 - stage 3: θ ``Shard(0) → Replicate``, fanned out (each rank feeds its copy to a computation of
   its own data), just before the layer uses it. That is the all-gather row of the duality
   table, so its backward is a reduce-scatter: rule 1 sums the ranks' cotangents of the copies
   (the fan-out), rule 2 routes slice p of the sum back to shard p (the concatenation). Nothing
-  here writes that reduce-scatter: :func:`gather_layer` applies the transition, whose VJP runs
-  it. With ``reshard=True`` (FSDP's default) the gathered θ is dropped after the forward and
-  gathered again in the backward, the third Ψ of traffic.
+  here writes that reduce-scatter: :func:`gather_layer` and :func:`resharded_layer` apply the
+  transition, whose VJP runs it. :func:`resharded_layer` (FSDP's ``reshard_after_forward``)
+  drops the gathered θ after the forward and gathers it again in the backward, the third Ψ of
+  traffic; it keeps the layer's activations, so no forward is computed twice.
+
+The layers keep what their backward needs (the input x and the output y) and run the layer's
+VJP in closed form (:meth:`Linear.backward`), so that the parameters can be handed in at
+backward time: kept (stages 0–2) or gathered again (stage 3).
 
 **The optimizer** is SGD with momentum μ (the momentum buffer v is the optimizer state),
 elementwise, so each rank can update its own chunk alone:
@@ -46,19 +56,25 @@ parameters, gradients and optimizer state: stage 0 holds ``(b_θ + b_g + b_s) Ψ
 ``(b_θ + b_g) Ψ + b_s Ψ/P``, stage 2 ``b_θ Ψ + (b_g + b_s) Ψ/P``, stage 3
 ``(b_θ + b_g + b_s) Ψ/P``. The ZeRO paper's mixed-precision Adam has b_θ = b_g = 2 (fp16) and
 b_s = 12 (fp32 master weights, momentum and variance): 16Ψ, 4Ψ + 12Ψ/P, 2Ψ + 14Ψ/P, 16Ψ/P.
-:meth:`Zero.memory` measures what a rank holds from its arrays; stage 3 also holds, for a
-while, the gathered parameters of the layer being computed.
+:func:`measure_memory` measures what rank 0 really allocates (Python's :mod:`tracemalloc`):
+the bytes it holds after a step and the peak during it, which adds what a step needs for a
+while (activations, one layer's gradient, a collective's result, a gathered layer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextvars
+import tracemalloc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from chainrule import dist, ops
 from chainrule.comm_cost import ring_bytes
+from chainrule.dist import api
+from chainrule.dist.calls import Call
 from chainrule.placement import Partial, Placement, Replicate, Shard, Transition, transition
 from chainrule.tensor import Tensor, no_grad
 
@@ -76,6 +92,14 @@ def _check_stage(stage: int) -> None:
 
 # -- the model: layers that take their parameters as arguments --------------------------------
 
+_DERIVATIVES: dict[str | None, Callable[[np.ndarray], np.ndarray | float]] = {
+    None: lambda y: 1.0,
+    "tanh": lambda y: 1.0 - y * y,
+    "sigmoid": lambda y: y * (1.0 - y),
+    "relu": lambda y: (y > 0).astype(y.dtype),
+}
+"""act′ written with the layer's output y = act(z), so the backward needs y, not z."""
+
 
 @dataclass(frozen=True)
 class Linear:
@@ -87,6 +111,12 @@ class Linear:
     d_out: int
     activation: str | None = "tanh"
 
+    def __post_init__(self) -> None:
+        if self.activation not in _DERIVATIVES:
+            raise ValueError(
+                f"activation must be one of {list(_DERIVATIVES)}, not {self.activation!r}"
+            )
+
     @property
     def shapes(self) -> tuple[tuple[int, ...], ...]:
         return ((self.d_out, self.d_in), (self.d_out,))
@@ -95,6 +125,32 @@ class Linear:
         weight, bias = params
         y = ops.add(ops.matmul(x, ops.transpose(weight)), bias)
         return y if self.activation is None else getattr(ops, self.activation)(y)
+
+    def backward(
+        self,
+        params: Sequence[np.ndarray],
+        x: np.ndarray,
+        y: np.ndarray,
+        g: np.ndarray,
+        out: np.ndarray | None = None,
+        need_x: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The layer's VJP from what the forward kept (its input x and output y) and the
+        parameters, handed in now: the flat gradient ``[W̄; b̄]`` and ``x̄`` for the cotangent
+        ``g`` of y, with ``z̄ = g ⊙ act′``, ``W̄ = z̄ᵀ x``, ``b̄ = Σ_rows z̄``, ``x̄ = z̄ W``.
+
+        ``out``: a 1-D buffer of at least the layer's size that receives ``[W̄; b̄]`` (and
+        zeros after it), so the gradient is made where it will be reduced, with no copy.
+        """
+        weight, _ = params
+        n_w, n_b = weight.size, self.d_out
+        if out is None:
+            out = np.empty(n_w + n_b, dtype=np.result_type(g, x))
+        gz = g * _DERIVATIVES[self.activation](y)
+        np.matmul(gz.T, x, out=out[:n_w].reshape(weight.shape))
+        np.sum(gz, axis=0, out=out[n_w : n_w + n_b])
+        out[n_w + n_b :] = 0
+        return out, (gz @ weight if need_x else None)
 
 
 def mlp(widths: Sequence[int], activation: str = "tanh") -> list[Linear]:
@@ -154,10 +210,17 @@ class FlatLayout:
         """The elements rank ``rank`` owns."""
         return slice(rank * self.chunk, (rank + 1) * self.chunk)
 
-    def flatten(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """The arrays laid end to end, zero-padded to ``padded`` elements."""
-        flat = np.concatenate([np.ravel(a) for a in arrays])
-        return np.concatenate([flat, np.zeros(self.padded - self.numel, dtype=flat.dtype)])
+    def flatten(self, arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """The arrays laid end to end, zero-padded to ``padded`` elements: one new buffer, or
+        written into ``out`` (a buffer of ``padded`` elements)."""
+        if out is None:
+            out = np.empty(self.padded, dtype=np.result_type(*arrays))
+        start = 0
+        for a, size in zip(arrays, self.sizes, strict=True):
+            out[start : start + size] = np.ravel(a)
+            start += size
+        out[start:] = 0
+        return out
 
     def views(self, flat: np.ndarray) -> list[np.ndarray]:
         """Views of the full buffer shaped like the parameters (no copy)."""
@@ -177,9 +240,10 @@ class FlatLayout:
 
 
 def groups(layers: Sequence[Linear], stage: int) -> list[list[int]]:
-    """Which layers share a flat buffer: all of them for stages 0–2, one each for stage 3."""
+    """Which layers share a flat buffer: all of them for stages 0 and 1, one each for stages 2
+    (a bucket of gradients) and 3 (an FSDP unit)."""
     _check_stage(stage)
-    return [[i] for i in range(len(layers))] if stage == 3 else [list(range(len(layers)))]
+    return [[i] for i in range(len(layers))] if stage >= 2 else [list(range(len(layers)))]
 
 
 def layouts(layers: Sequence[Linear], stage: int, world_size: int) -> list[FlatLayout]:
@@ -188,6 +252,51 @@ def layouts(layers: Sequence[Linear], stage: int, world_size: int) -> list[FlatL
         FlatLayout(tuple(s for i in group for s in layers[i].shapes), world_size)
         for group in groups(layers, stage)
     ]
+
+
+# -- the layers of each stage: what the forward keeps, and where the parameters' gradient goes --
+
+
+def _forward(layer: Linear, params: Sequence[np.ndarray], x: Tensor) -> np.ndarray:
+    """The layer's output y, computed outside the graph (the op that calls it is the graph)."""
+    with no_grad():
+        return layer([Tensor(p) for p in params], x).data
+
+
+def replicated_layer(
+    layer: Linear, params: Sequence[np.ndarray], bucket: Tensor, x: Tensor, grad: np.ndarray
+) -> Tensor:
+    """Stages 0 and 1: the layer on the rank's whole copy of its parameters ``params`` (views
+    of ``bucket``, the layer's part of the flat θ). The forward keeps x and y; the backward
+    writes the layer's gradient straight into ``grad``, its part of the rank's flat gradient
+    buffer (as PyTorch's DDP makes each ``.grad`` a view into its bucket), and hands that view
+    to ``bucket`` as its gradient. The buffer is reduced after the backward."""
+    y = _forward(layer, params, x)
+
+    def vjp(g: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        gx = layer.backward(params, x.data, y, g, out=grad, need_x=x.requires_grad)[1]
+        return grad, gx
+
+    return Tensor.from_op(y, (bucket, x), vjp, "replicated_layer")
+
+
+def bucketed_layer(
+    layer: Linear, layout: FlatLayout, theta: np.ndarray, shard: Tensor, x: Tensor
+) -> Tensor:
+    """Stage 2: the layer on the rank's whole copy ``theta`` of its flat parameters (this
+    rank's ``shard`` of them is a leaf). The forward keeps x and y. The backward makes the
+    layer's gradient as one flat bucket (``Partial``: this rank's addend), reduce-scatters it
+    at once (``Partial → Shard(0)``: chunk p of the sum over ranks goes to ``shard.grad``) and
+    drops the bucket, so that only one layer's full gradient exists at any moment."""
+    params = layout.views(theta)
+    y = _forward(layer, params, x)
+
+    def vjp(g: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        bucket = np.empty(layout.padded, dtype=theta.dtype)  # this layer's g, Partial
+        gx = layer.backward(params, x.data, y, g, out=bucket, need_x=x.requires_grad)[1]
+        return np.asarray(dist.reduce_scatter(bucket)), gx  # the bucket is freed on return
+
+    return Tensor.from_op(y, (shard, x), vjp, "bucketed_layer")
 
 
 # -- stage 3: a layer whose parameters are gathered just before use ----------------------------
@@ -216,46 +325,38 @@ def resharded_layer(
     layer: Linear, layout: FlatLayout, shard: Tensor, x: Tensor, seen: list[int]
 ) -> Tensor:
     """:func:`gather_layer` that drops the gathered parameters after the forward and gathers
-    them again in the backward (FSDP's ``reshard_after_forward``): one op whose VJP runs the
-    layer again and backpropagates through it, the gather's reduce-scatter included.
+    them again in the backward (FSDP's ``reshard_after_forward``). The forward keeps the
+    layer's activations, its input x and output y, as FSDP does; the backward all-gathers θ
+    a second time (the layer's padded buffer, ``(P−1)/P`` of it sent per rank), runs the
+    layer's VJP with it (no forward is computed again) and backpropagates the flat gradient
+    through that second gather, whose VJP is the reduce-scatter.
 
     ``seen`` receives the bytes of each gathered buffer (the memory it holds for a while).
     """
     with no_grad():
-        full = GATHER.apply(shard)
-        seen.append(full.data.nbytes)
-        out = layer([Tensor(v) for v in layout.views(full.data)], x).data
-    del full  # resharded: the gathered θ is not kept for the backward
+        full = GATHER.apply(shard).data
+    seen.append(full.nbytes)
+    y = _forward(layer, layout.views(full), x)
+    del full  # resharded: only x and y are kept for the backward
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         again = Tensor(shard.data, requires_grad=True)
-        x_again = Tensor(x.data, requires_grad=x.requires_grad)
-        layer(layout.unflatten(GATHER.apply(again)), x_again).backward(g)
-        return again.grad, x_again.grad
+        gathered = GATHER.apply(again)  # θ, all-gathered again
+        bucket, gx = layer.backward(
+            layout.views(gathered.data),
+            x.data,
+            y,
+            g,
+            out=np.empty_like(gathered.data),
+            need_x=x.requires_grad,
+        )
+        gathered.backward(bucket)  # the gather's VJP: a reduce-scatter
+        return again.grad, gx
 
-    return Tensor.from_op(np.asarray(out), (shard, x), vjp, "resharded_layer")
+    return Tensor.from_op(y, (shard, x), vjp, "resharded_layer")
 
 
 # -- the sharded optimizer -----------------------------------------------------------------------
-
-
-@dataclass
-class Memory:
-    """Bytes one rank holds: parameters, gradients, optimizer state, and the largest gathered
-    parameter buffer it held for a while (stage 3)."""
-
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    gathered: int = 0
-
-    @property
-    def model_states(self) -> int:
-        return self.parameters + self.gradients + self.optimizer_state
-
-    @property
-    def total(self) -> int:
-        return self.model_states + self.gathered
 
 
 def memory_model(
@@ -277,16 +378,27 @@ def memory_model(
     )
 
 
+def _layer_slices(layers: Sequence[Linear]) -> list[slice]:
+    """Where each layer's parameters lie in the flat buffer of the whole model."""
+    out, start = [], 0
+    for layer in layers:
+        size = sum(int(np.prod(s)) for s in layer.shapes)
+        out.append(slice(start, start + size))
+        start += size
+    return out
+
+
 @dataclass
 class Zero:
     """One rank's model states at ZeRO stage ``stage`` (build it inside an SPMD function).
 
     ``flat[k]`` is group k's parameter buffer (the full one for stages 0–2, this rank's chunk
-    for stage 3), ``grad[k]`` its gradient as held after the step's reduction (full for stages
-    0–1, the chunk for 2–3), ``velocity[k]`` its momentum buffer v, the optimizer state (full
-    for stage 0, the chunk otherwise); ``gathered`` the bytes of each layer's parameters
-    gathered in the last forward pass (stage 3). ``reshard``: at stage 3, gather each layer's θ
-    again in the backward instead of keeping it from the forward.
+    for stage 3), ``grad[k]`` its gradient as held after the step's reduction (the full flat
+    buffer for stages 0–1, which the backward writes into; the chunk for 2–3, which the
+    backward hands over), ``velocity[k]`` its momentum buffer v, the optimizer state (full for
+    stage 0, the chunk otherwise); ``gathered`` the bytes of each layer's parameters gathered
+    in the last step (stage 3). ``reshard``: at stage 3, gather each layer's θ again in the
+    backward instead of keeping it from the forward.
     """
 
     layers: list[Linear]
@@ -318,7 +430,8 @@ class Zero:
             mine = flat[layout.owned(rank)].copy()
             zero.flat.append(mine if stage == 3 else flat)
             zero.velocity.append(np.zeros_like(flat if stage == 0 else mine))
-            zero.grad.append(np.zeros_like(mine if stage >= 2 else flat))
+            if stage <= 1:
+                zero.grad.append(np.zeros_like(flat))  # the buffer the backward writes into
         return zero
 
     @property
@@ -326,73 +439,188 @@ class Zero:
         return layouts(self.layers, self.stage, dist.world_size())
 
     def forward(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        """The model on ``x`` and the leaves that receive the gradients (one per parameter for
-        stages 0–2, one shard per layer for stage 3)."""
+        """The model on ``x`` and the leaves whose gradients the step needs: each layer's part
+        of the flat θ (stages 0–1), this rank's chunk of each layer's θ (stages 2–3)."""
         self.gathered = []
-        if self.stage < 3:
-            (layout,) = self.layouts
-            leaves = [Tensor(v, requires_grad=True) for v in layout.views(self.flat[0])]
-            start = 0
-            for layer in self.layers:
-                count = len(layer.shapes)
-                x = layer(leaves[start : start + count], x)
-                start += count
+        leaves = []
+        if self.stage <= 1:
+            for layer, part in zip(self.layers, _layer_slices(self.layers), strict=True):
+                bucket = Tensor(self.flat[0][part], requires_grad=True)
+                params = FlatLayout(layer.shapes, 1).views(bucket.data)
+                x = replicated_layer(layer, params, bucket, x, self.grad[0][part])
+                leaves.append(bucket)
             return x, leaves
-        shards = [Tensor(chunk, requires_grad=True) for chunk in self.flat]
-        for layer, layout, shard in zip(self.layers, self.layouts, shards, strict=True):
-            if self.reshard:
-                x = resharded_layer(layer, layout, shard, x, self.gathered)
+        for k, (layer, layout) in enumerate(zip(self.layers, self.layouts, strict=True)):
+            if self.stage == 2:
+                shard = Tensor(self.flat[k][layout.owned(dist.rank())], requires_grad=True)
+                x = bucketed_layer(layer, layout, self.flat[k], shard, x)
             else:
-                x = gather_layer(layer, layout, shard, x, self.gathered)
-        return x, shards
+                shard = Tensor(self.flat[k], requires_grad=True)
+                if self.reshard:
+                    x = resharded_layer(layer, layout, shard, x, self.gathered)
+                else:
+                    x = gather_layer(layer, layout, shard, x, self.gathered)
+            leaves.append(shard)
+        return x, leaves
 
     def reduce_gradients(self, leaves: Sequence[Tensor]) -> list[np.ndarray]:
-        """Each group's gradient as the optimizer needs it: the full sum (stage 0, all-reduce),
-        this rank's chunk of it (stages 1–2, reduce-scatter; stage 3: the backward did it)."""
-        if self.stage == 3:
-            self.grad = [np.asarray(s.grad) for s in leaves]
+        """Each group's gradient as the optimizer needs it: the full sum (stage 0, all-reduce
+        of the flat buffer), this rank's chunk of it (stage 1, reduce-scatter; stages 2 and 3:
+        the backward did it, layer by layer)."""
+        if self.stage >= 2:
+            self.grad = [np.asarray(leaf.grad) for leaf in leaves]
             return self.grad
-        (layout,) = self.layouts
-        local = layout.flatten([np.asarray(leaf.grad) for leaf in leaves])  # Partial
+        (local,) = self.grad  # Partial: this rank's addend, written by the backward
         if self.stage == 0:
-            self.grad = [np.asarray(dist.all_reduce(local))]  # Partial → Replicate
-            return self.grad
-        mine = np.asarray(dist.reduce_scatter(local))  # Partial → Shard(0)
-        self.grad = [local if self.stage == 1 else mine]  # stage 1 keeps the full g
-        return [mine]
+            dist.all_reduce(local, out=local)  # Partial → Replicate
+            return [local]
+        return [np.asarray(dist.reduce_scatter(local))]  # Partial → Shard(0); g stays full
 
     def update(self, grads: Sequence[np.ndarray]) -> None:
         """``v ← μ v + g``, ``θ ← θ − η v`` on what this rank owns; then stages 1–2 all-gather
-        the updated θ (``Shard(0) → Replicate``)."""
+        the updated θ (``Shard(0) → Replicate``) into a new buffer, the old one dropped first
+        (the other ranks' chunks of it come back with the gather)."""
         rank = dist.rank()
         for k, (layout, g) in enumerate(zip(self.layouts, grads, strict=True)):
-            self.velocity[k] = self.momentum * self.velocity[k] + g
+            v = self.velocity[k]
+            v *= self.momentum
+            v += g
             if self.stage in (0, 3):
-                self.flat[k] = self.flat[k] - self.lr * self.velocity[k]
+                self.flat[k] -= self.lr * v
             else:
-                mine = self.flat[k][layout.owned(rank)] - self.lr * self.velocity[k]
-                self.flat[k] = np.asarray(dist.all_gather(mine))
+                mine = self.flat[k][layout.owned(rank)] - self.lr * v
+                del self.flat[k]  # the whole θ of this group is not needed until the gather
+                self.flat.insert(k, np.asarray(dist.all_gather(mine)))
 
     def step(self, x: np.ndarray, y: np.ndarray) -> float:
         """One training step on this rank's shard (x, y) of the batch; returns its loss L_p.
 
         The rank backpropagates L_p/P, its term of ``L = Σ_p L_p/P``, so every reduction
-        of the gradients is a sum.
+        of the gradients is a sum. The graph (with its activations) is dropped before the
+        update.
         """
+        if self.stage >= 2:
+            self.grad = []  # the last step's chunks: the backward makes new ones
         out, leaves = self.forward(Tensor(x))
         loss = ops.mse_loss(out, y)
         (loss / dist.world_size()).backward()
-        self.update(self.reduce_gradients(leaves))
-        return float(loss.item())
+        value = float(loss.item())
+        del out, loss
+        grads = self.reduce_gradients(leaves)
+        del leaves
+        self.update(grads)
+        return value
 
-    def memory(self) -> Memory:
-        """The bytes this rank holds, measured from its arrays."""
-        return Memory(
-            parameters=sum(a.nbytes for a in self.flat),
-            gradients=sum(a.nbytes for a in self.grad),
-            optimizer_state=sum(a.nbytes for a in self.velocity),
-            gathered=max(self.gathered, default=0) if self.reshard else sum(self.gathered),
-        )
+
+# -- measuring what one rank allocates -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """Bytes rank 0 allocated in one step, by :mod:`tracemalloc`, counted from before it laid
+    out its model states: ``held`` after the step (what it keeps from step to step), ``peak``
+    the most at any moment of the step."""
+
+    held: int
+    peak: int
+
+
+class _Recorder:
+    """Rank 0's world during a run, which also keeps a copy of every collective's result."""
+
+    def __init__(self, inner: api.World) -> None:
+        self.inner = inner
+        self.backend, self.rank, self.world_size = inner.backend, inner.rank, inner.world_size
+        self.native, self.device = inner.native, inner.device
+        self.received: list[tuple[Call, np.ndarray]] = []
+
+    def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
+        result, lead = self.inner.collective(call, data, into)
+        self.received.append((call, np.array(result, copy=True)))
+        return result, lead
+
+    def register_group(self, group: Any) -> None:
+        raise TypeError("the memory measurement records the whole world's collectives only")
+
+    def subgroup(self, group: Any) -> api.World:
+        raise TypeError("the memory measurement records the whole world's collectives only")
+
+
+class _Replay:
+    """A world of one rank that answers each collective with what rank 0 received in the
+    recorded run, in a new buffer (as the network delivers it), after checking that the call
+    is the one that was made then."""
+
+    backend, native, device = "replay", "numpy", None
+
+    def __init__(self, received: list[tuple[Call, np.ndarray]], world_size: int) -> None:
+        self.rank, self.world_size = 0, world_size
+        self.received = iter(received)
+
+    def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
+        recorded, result = next(self.received)
+        if recorded != call:
+            raise RuntimeError(f"the replay calls {call}, the run called {recorded}")
+        return result.copy(), call
+
+    def register_group(self, group: Any) -> None:
+        raise TypeError("the replay answers the whole world's collectives only")
+
+    def subgroup(self, group: Any) -> api.World:
+        raise TypeError("the replay answers the whole world's collectives only")
+
+
+def _recorded_step(
+    layers: list[Linear], params: Params, batch: tuple, stage: int, reshard: bool
+) -> tuple[list[np.ndarray], list[tuple[Call, np.ndarray]] | None]:
+    """SPMD: one step of every rank; rank 0 records what its collectives hand it."""
+    rank, P = dist.rank(), dist.world_size()
+    recorder = None
+    if rank == 0:
+        recorder = _Recorder(api.current_world())
+        api.set_rank_world(recorder)
+    zero = Zero.create(layers, params, stage, 0.1, reshard=reshard)
+    zero.step(*(_shard_rows(a, rank, P) for a in batch))
+    return zero.flat, (recorder.received if recorder is not None else None)
+
+
+def measure_memory(
+    layers: Sequence[Linear],
+    params: Params,
+    batch: tuple[np.ndarray, np.ndarray],
+    stage: int,
+    world_size: int,
+    reshard: bool = True,
+) -> MeasuredMemory:
+    """What rank 0 of ``world_size`` simulated ranks allocates in one step at ``stage``.
+
+    The simulated ranks share one process, so :mod:`tracemalloc` cannot tell their allocations
+    apart. So the step runs twice: on all ranks, rank 0 recording what each collective hands
+    it; then rank 0's step alone, every collective answered by its recorded result in a new
+    buffer, with tracemalloc counting every byte allocated from before the model states are
+    laid out. The replayed rank must end with the run's parameters, or this raises.
+    """
+    _check_stage(stage)
+    _shard_rows(batch[0], 0, world_size)
+    args = (list(layers), params, batch, stage, reshard)
+    flats, received = dist.run(_recorded_step, world_size, args=args)[0]
+
+    def replay() -> tuple[MeasuredMemory, list[np.ndarray]]:
+        api.set_rank_world(_Replay(received, world_size))
+        tracemalloc.start()
+        try:
+            zero = Zero.create(layers, params, stage, 0.1, reshard=reshard)
+            tracemalloc.reset_peak()  # laying out the states copies the whole model once
+            zero.step(*(_shard_rows(a, 0, world_size) for a in batch))
+            held, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        return MeasuredMemory(held, peak), zero.flat
+
+    measured, replayed = contextvars.copy_context().run(replay)
+    if not all(np.array_equal(a, b) for a, b in zip(replayed, flats, strict=True)):
+        raise RuntimeError("the replayed step did not end with rank 0's parameters")
+    return measured
 
 
 # -- training, and the one process it must equal -------------------------------------------------
@@ -400,13 +628,11 @@ class Zero:
 
 @dataclass(frozen=True)
 class Result:
-    """Losses per step (the mean of the ranks' L_p, = the full-batch loss), the final
-    parameters of each layer (assembled from the ranks' chunks at stage 3) and what rank 0
-    holds (:meth:`Zero.memory`)."""
+    """Losses per step (the mean of the ranks' L_p, = the full-batch loss) and the final
+    parameters of each layer (assembled from the ranks' chunks at stage 3)."""
 
     losses: list[float]
     params: Params
-    memory: Memory
 
 
 def _shard_rows(array: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -425,12 +651,12 @@ def _train_rank(
     lr: float,
     momentum: float,
     reshard: bool,
-) -> tuple[list[float], list[np.ndarray], Memory]:
-    """SPMD: train on this rank's shard of every batch; return losses, flat buffers, memory."""
+) -> tuple[list[float], list[np.ndarray]]:
+    """SPMD: train on this rank's shard of every batch; return losses and flat buffers."""
     zero = Zero.create(layers, params, stage, lr, momentum=momentum, reshard=reshard)
     rank, P = dist.rank(), dist.world_size()
     losses = [zero.step(_shard_rows(x, rank, P), _shard_rows(y, rank, P)) for x, y in batches]
-    return losses, zero.flat, zero.memory()
+    return losses, zero.flat
 
 
 def train(
@@ -463,7 +689,7 @@ def train(
     ):
         views = iter(layout.views(np.asarray(flat)))
         final += [[next(views).copy() for _ in layers[i].shapes] for i in group]
-    return Result(losses, final, results[0][2])
+    return Result(losses, final)
 
 
 def train_one_process(
@@ -500,9 +726,9 @@ def step_transitions(stage: int) -> list[tuple[str, str, Placement, Placement, b
     _check_stage(stage)
     if stage == 0:
         return [("backward", "g", Partial(), Replicate(), False)]
-    if stage in (1, 2):
+    if stage in (1, 2):  # stage 2 reduce-scatters each layer's g inside the backward
         return [
-            ("step", "g", Partial(), Shard(0), False),
+            ("step" if stage == 1 else "backward", "g", Partial(), Shard(0), False),
             ("step", "θ", Shard(0), Replicate(), False),
         ]
     return [("forward", "θ", Shard(0), Replicate(), True)]

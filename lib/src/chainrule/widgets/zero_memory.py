@@ -10,6 +10,7 @@ stage (split into parameters, gradients and optimizer state, by
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,7 +20,6 @@ from matplotlib.figure import Figure
 
 from chainrule import zero
 from chainrule.widgets.live_widget import LiveWidget
-from chainrule.widgets.tables import html_table
 
 GB = 1e9
 OPTIMIZERS: dict[str, tuple[int, int, int]] = {
@@ -33,6 +33,8 @@ SHARDED = {0: "nothing", 1: "optimizer state", 2: "+ gradients", 3: "+ parameter
 STAGE_LABELS = {s: f"stage {s}: {SHARDED[s]} sharded" for s in zero.STAGES}
 DEVICE_GB = 80.0
 """The memory of one accelerator the picture compares with (an 80 GB GPU)."""
+RANK_CHOICES = tuple(2**k for k in range(11))
+"""The numbers of ranks the widget offers: the powers of two from 1 to 1024."""
 
 
 @dataclass(frozen=True)
@@ -70,28 +72,60 @@ def gigabytes(nbytes: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def compact_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """An HTML table with one line per row: no wrapping, little padding, tight lines (the
+    notebook's own table style spaces rows far apart)."""
+    cell = "padding: 1px 8px; line-height: 1.3; white-space: nowrap; text-align: left"
+    head = "".join(f'<th style="{cell}">{html.escape(str(h))}</th>' for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td style="{cell}">{html.escape(str(c))}</td>' for c in row) + "</tr>"
+        for row in rows
+    )
+    table = '<table style="border-collapse: collapse">'
+    return f"{table}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def zero_table(result: ZeroMemory) -> str:
-    """HTML: per stage, what is sharded, GB per rank by part and in all, and the traffic."""
+    """HTML: per stage, what is sharded, GB per rank by part and in all, and the traffic (at
+    P = 1 there is none: no collective runs)."""
     base = result.sent_bytes(0)
+    alone = result.world_size == 1
     rows = []
     for s in zero.STAGES:
         collectives = ", ".join(f"{op.replace('_', '-')} {t}" for _, op, t, _ in result.sent[s])
-        ratio = f"{result.sent_bytes(s) / base:.2g}×" if base else "-"
+        ratio = f"{result.sent_bytes(s) / base:.2g}×" if base else "–"
         rows.append(
             (s, SHARDED[s], *(gigabytes(b) for b in result.held[s]), gigabytes(result.total(s)),
-             "yes" if result.total(s) <= DEVICE_GB * GB else "no", collectives,
-             gigabytes(result.sent_bytes(s)), ratio)
+             "yes" if result.total(s) <= DEVICE_GB * GB else "no",
+             "none" if alone else collectives, gigabytes(result.sent_bytes(s)), ratio)
         )  # fmt: skip
-    head = (
-        f"<p>Ψ = {result.psi / 1e9:g} billion parameters on P = {result.world_size} ranks, "
-        f"{result.optimizer}. GB per rank (10⁹ bytes) held, and sent per step; stage 3 gathers θ "
-        "in the forward and again in the backward.</p>"
+    sent = (
+        "One rank: nothing is communicated, 0 bytes sent."
+        if alone
+        else "Stage 3 gathers θ in the forward and again in the backward."
     )
-    return head + html_table(
-        ["stage", "sharded", "parameters", "gradients", "optimizer state", "total",
-         f"fits {DEVICE_GB:g} GB", "collectives per step", "GB sent", "× data parallel"],
+    head = (
+        f'<p style="margin: 0 0 4px 0">Ψ = {result.psi / 1e9:g} billion parameters on '
+        f"P = {result.world_size} rank{'' if alone else 's'}, {result.optimizer}. GB per rank "
+        f"(10⁹ bytes) held, and sent per step. {sent}</p>"
+    )
+    return head + compact_table(
+        ["stage", "sharded", "θ", "g", "opt. state", "total", f"≤ {DEVICE_GB:g} GB",
+         "collectives per step", "GB sent", "× stage 0"],
         rows,
     )  # fmt: skip
+
+
+def smallest_fitting_ranks(
+    psi: float, stage: int, optimizer: str, choices: Sequence[int] = RANK_CHOICES
+) -> int | None:
+    """The smallest P of ``choices`` at which ``psi`` parameters fit one device at ``stage``
+    (by :func:`chainrule.zero.memory_model`), or None if none does."""
+    widths = OPTIMIZERS[optimizer]
+    for P in choices:
+        if sum(zero.memory_model(psi, P, stage, widths)) <= DEVICE_GB * GB:
+            return P
+    return None
 
 
 def plot_zero_memory(result: ZeroMemory) -> Figure:
@@ -126,13 +160,15 @@ def build_zero_memory_widget(
     """Controls: Ψ (billions), log₂ P (P = 1 to 1024) and the optimizer's bytes per parameter."""
 
     def compute(billions: float, log2_ranks: int, optimizer: str) -> ZeroMemory:
-        return zero_memory(billions * 1e9, 2**log2_ranks, optimizer)
+        return zero_memory(billions * 1e9, RANK_CHOICES[log2_ranks], optimizer)
 
     controls = {
         "billions": ipywidgets.Dropdown(
             options=[(f"{s:g} billion", s) for s in sizes], value=7.5, description="Ψ"
         ),
-        "log2_ranks": ipywidgets.IntSlider(value=6, min=0, max=10, description="log₂ ranks P"),
+        "log2_ranks": ipywidgets.IntSlider(
+            value=6, min=0, max=len(RANK_CHOICES) - 1, description="log₂ ranks P"
+        ),
         "optimizer": ipywidgets.Dropdown(
             options=list(OPTIMIZERS), value=next(iter(OPTIMIZERS)), description="optimizer"
         ),
@@ -141,26 +177,25 @@ def build_zero_memory_widget(
 
 
 def plot_memory_against_p(
-    measured: dict[int, dict[int, zero.Memory]], psi: int, itemsize: int = 8
+    measured: dict[int, dict[int, zero.MeasuredMemory]], psi: int, itemsize: int = 8
 ) -> Figure:
-    """Bytes of model states per rank against P, one colour per stage: measured from a rank's
-    arrays (dots; stage 3 also with its gathered layer, rings) and by the model (lines, Ψ
-    unpadded, ``itemsize`` bytes for parameters, gradients and the momentum)."""
-    figure = Figure(figsize=(8.4, 3.4))
+    """Bytes per rank against P, one colour per stage: the model of the model states (lines,
+    Ψ unpadded, ``itemsize`` bytes for parameters, gradients and the momentum), and what rank
+    0 allocated, measured: held after a step (crosses) and the peak during it (dots)."""
+    figure = Figure(figsize=(8.4, 3.6))
     ax = figure.add_subplot()
     colours = ("#555555", "#1f77b4", "#ff7f0e", "#2ca02c")
     for stage, colour in zip(zero.STAGES, colours, strict=True):
         ranks = sorted(measured[stage])
         grid = np.arange(1, max(ranks) + 1)
-        model = [sum(zero.memory_model(psi, int(P), stage, (itemsize,) * 3)) for P in grid]
-        ax.plot(grid, model, "-", color=colour, lw=1)
-        ax.plot(ranks, [measured[stage][P].model_states for P in ranks], "o", color=colour,
-                ms=5, label=STAGE_LABELS[stage])  # fmt: skip
-        if stage == 3:
-            ax.plot(ranks, [measured[stage][P].total for P in ranks], "o", mfc="none",
-                    color=colour, ms=7, label="stage 3 with its gathered layer")  # fmt: skip
+        model = [sum(zero.memory_model(psi, int(P), stage, (itemsize,) * 3)) / 1e6 for P in grid]
+        ax.plot(grid, model, "-", color=colour, lw=1, label=f"{STAGE_LABELS[stage]} (model)")
+        ax.plot(ranks, [measured[stage][P].held / 1e6 for P in ranks], "x", color=colour, ms=6)
+        ax.plot(ranks, [measured[stage][P].peak / 1e6 for P in ranks], "o", color=colour, ms=5)
+    ax.plot([], [], "kx", ms=6, label="measured: held after the step")
+    ax.plot([], [], "ko", ms=5, label="measured: peak during the step")
     ax.set_xlabel("ranks P", fontsize=9)
-    ax.set_ylabel("bytes per rank", fontsize=9)
+    ax.set_ylabel("MB per rank (10⁶ bytes)", fontsize=9)
     ax.set_ylim(0, None)
     ax.tick_params(labelsize=9)
     ax.grid(True, alpha=0.3)
