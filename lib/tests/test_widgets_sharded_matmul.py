@@ -107,7 +107,16 @@ def test_only_case_two_has_the_two_remedies():
     with pytest.raises(ValueError, match="not case 2"):
         smw.case_two_remedies("Shard(1)", "Shard(0)")
     assert smw.matmul_case("Shard(0)", "Replicate()").remedies is None
-    assert smw.matmul_case("Replicate()", "Shard(0)").remedies is not None
+    for a, b in [("Replicate()", "Shard(0)"), ("Shard(1)", "Replicate()")]:
+        html = smw.case_table(smw.matmul_case(a, b))
+        assert "Case 2 has two remedies" in html and "Fewer bytes per step" in html
+    # With the other operand sharded along its free dimension the widget names the
+    # reduction's all-to-all but leaves its count (the exercise's work) undone.
+    for a, b, other in [("Shard(0)", "Shard(0)", "A"), ("Shard(1)", "Shard(1)", "B")]:
+        case = smw.matmul_case(a, b, "Shard(1)")
+        assert case.remedies is None
+        html = smw.case_table(case)
+        assert f"all-to-all of {other}" in html and "Fewer bytes" not in html
 
 
 def test_the_widget_names_the_remedy_that_moves_fewer_bytes_for_its_rows():
@@ -133,7 +142,11 @@ def test_widget_follows_its_controls_at_both_ends(sweep):
         assert str(result.plan.a) == widget.controls["a"].value
         assert str(result.plan.b) == widget.controls["b"].value
         assert result.sizes == (2 ** widget.controls["log2_rows"].value, 1024, 1024)
-        assert (result.remedies is not None) == (result.plan.case == "all-gather first")
+        slices = result.plan.case == "all-gather first" and "Replicate()" in (
+            str(result.plan.a),
+            str(result.plan.b),
+        )
+        assert (result.remedies is not None) == slices, (name, value)
         png = bytes(widget.plot.value)
         assert int.from_bytes(png[16:20], "big") <= 940  # fits the page at four ranks
     with pytest.raises(ValueError, match="between 2 and 4"):

@@ -245,6 +245,14 @@ def _reduce_rows(plan: sh.MatmulPlan, target: Placement, sizes: dict[str, int], 
     )
 
 
+def _slices_the_other(plan: sh.MatmulPlan) -> bool:
+    """Case 2 with the other operand replicated: the reduction remedy starts with a slice."""
+    if plan.case != "all-gather first":
+        return False
+    other, _ = _reduce_steps(plan)
+    return isinstance(plan.b if other == "B" else plan.a, Replicate)
+
+
 def _remedy_names(plan: sh.MatmulPlan, target: Placement) -> tuple[tuple[str, str], ...]:
     """Each remedy's name and steps."""
     assert plan.output is not None
@@ -324,7 +332,10 @@ def matmul_case(
 ) -> MatmulCase:
     """Plan, cost and run ``C = A · B`` for the placements ``a`` of A and ``b`` of B on
     ``world_size`` ranks; ``then`` places C again afterwards (``"as computed"``: not). A
-    case-2 product also carries both of its remedies (:func:`case_two_remedies`)."""
+    case-2 product whose other operand is replicated also carries both of its remedies
+    (:func:`case_two_remedies`); where the other operand is sharded along its free dimension,
+    the reduction would start with an all-to-all, and the table only names it (counting it is
+    the sharded-product exercise's work)."""
     if not 2 <= world_size <= len(RANK_COLOURS):
         raise ValueError(f"choose between 2 and {len(RANK_COLOURS)} ranks, not {world_size}")
     plan = sh.plan_matmul(a, b)
@@ -339,7 +350,7 @@ def matmul_case(
     run = _traced_run(plan.a, plan.b, target, world_size)
     remedies = (
         case_two_remedies(plan.a, plan.b, output, world_size, sizes, itemsize)
-        if plan.case == "all-gather first"
+        if _slices_the_other(plan)
         else None
     )
     return MatmulCase(
@@ -393,7 +404,7 @@ def case_table(case: MatmulCase) -> str:
         f"<b>{collective_text(case.seen_backward)}</b>; largest difference of C, Ā, B̄ from one "
         f"process: {case.error:.1e}.</p>"
     )
-    return head + table + seen + (remedies_table(case) if case.remedies else "")
+    return head + table + seen + remedies_table(case)
 
 
 def _fewer(remedies: tuple[Remedy, Remedy], nbytes: Callable[[Remedy], float]) -> str:
@@ -406,8 +417,20 @@ def _fewer(remedies: tuple[Remedy, Remedy], nbytes: Callable[[Remedy], float]) -
 
 
 def remedies_table(case: MatmulCase) -> str:
-    """HTML: case 2's two remedies side by side, their bytes, and which moves fewer."""
-    assert case.remedies is not None
+    """HTML: case 2's two remedies side by side, their bytes, and which moves fewer (``""``
+    outside case 2; only the reduction's first step where it is an all-to-all)."""
+    plan = case.plan
+    if plan.case != "all-gather first":
+        return ""
+    if case.remedies is None:
+        other, along_j = _reduce_steps(plan)
+        placed = plan.b if other == "B" else plan.a
+        return (
+            f"<p>The other remedy of case 2, sharding {other} along J too and reducing the "
+            f"partial sums of C, would start here with an all-to-all of {other} ({placed} → "
+            f"{along_j}): two more rows of the duality table, whose bytes you can count "
+            "against the gather's.</p>"
+        )
     I, J, K = case.sizes
     gather, reduce = case.remedies
 
