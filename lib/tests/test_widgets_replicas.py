@@ -125,3 +125,21 @@ def test_drift_widget_at_the_ends_of_its_controls(sweep):
     for name, value in sweep(widget):
         deterministic, per_rank = widget.last_result
         assert deterministic.first_divergent_step is None, (name, value)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_drift_picture_draws_something_on_both_axes_and_never_a_negative_count(world_size):
+    results = tuple(rp.replica_drift(world_size, steps=200, deterministic=d) for d in (True, False))
+    figure = rp.plot_drift(results)
+    gap, count = figure.axes
+    assert count.get_ylim()[0] == 0 and count.get_ylim()[1] >= 1
+    assert all(t == int(t) for t in count.get_yticks())
+    if world_size == 2:  # nobody drifts: a linear axis with the zero lines and the reason
+        assert gap.get_yscale() == "linear" and gap.get_ylim() == (0, 1)
+        assert [list(line.get_ydata()) for line in gap.get_lines()] == [[0.0] * 200] * 2
+        assert "bitwise identical" in gap.texts[0].get_text()
+    else:  # the drift on a log axis; the reduction that never drifts is named in the legend
+        assert gap.get_yscale() == "log"
+        labels = [t.get_text() for t in gap.get_legend().get_texts()]
+        assert labels == ["same order on every rank: 0 at every step", "each rank its own order"]
+    assert smallest_text_px(figure) >= 9

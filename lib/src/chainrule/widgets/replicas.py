@@ -20,6 +20,7 @@ from typing import Any
 import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from chainrule import dist
 from chainrule.widgets.live_widget import LiveWidget
@@ -244,25 +245,53 @@ def replica_drift(
 
 
 def plot_drift(results: Sequence[DriftResult]) -> Figure:
-    """Left: the largest gap between replicas (log scale); right: entries that differ in bits."""
+    """Left: the largest gap between replicas; right: entries that differ in bits.
+
+    The gap is drawn on a log scale where some replica drifted; a gap of zero has no place on
+    a log axis, so a reduction whose replicas never differ is named in the legend instead, and
+    when none drifted (two ranks, or float64 over few steps) the left axis is linear, shows the
+    zero lines and says so. The count axis starts at zero and counts in whole entries.
+    """
     figure = Figure(figsize=(9, 3.2))
     left, right = figure.subplots(1, 2)
-    for result in results:
+    drifted = [bool(np.any(r.divergence > 0)) for r in results]
+    for colour, result, moved in zip(("C0", "C1"), results, drifted, strict=False):
         label = "same order on every rank" if result.deterministic else "each rank its own order"
-        positive = np.where(result.divergence > 0, result.divergence, np.nan)
-        if np.any(result.divergence > 0):
-            left.plot(result.steps, positive, label=label)
-        right.plot(result.steps, result.differing, label=label)
-    left.set_yscale("log")
+        if any(drifted):
+            if moved:
+                positive = np.where(result.divergence > 0, result.divergence, np.nan)
+                left.plot(result.steps, positive, color=colour, label=label)
+            else:  # zero at every step: nothing to draw on a log axis, so a legend entry
+                left.plot([], [], color=colour, linestyle=":", label=f"{label}: 0 at every step")
+        else:
+            left.plot(result.steps, result.divergence, color=colour, linewidth=2, clip_on=False)
+        right.plot(result.steps, result.differing, color=colour, label=label)
     left.set_xlabel("step")
     left.set_ylabel("max |θ_p − θ_0|")
-    left.set_title("Replicas drift apart (zero is not drawn)")
+    if any(drifted):
+        left.set_yscale("log")
+        left.set_title("Replicas drift apart (log scale)")
+        left.legend(fontsize=8)
+    else:
+        left.set_ylim(0, 1)
+        left.set_yticks([0])
+        left.set_title("No replica ever drifts")
+        left.text(
+            0.5,
+            0.55,
+            "max |θ_p − θ_0| = 0 at every step:\nthe replicas stay bitwise identical",
+            transform=left.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
+    most = max((int(r.differing.max()) for r in results), default=0)
+    right.set_ylim(0, max(1, most) * 1.1)
+    right.yaxis.set_major_locator(MaxNLocator(integer=True))
     right.set_xlabel("step")
     right.set_ylabel("entries not bitwise equal")
     right.set_title("Bitwise identical or not")
     right.legend(fontsize=8)
-    if left.get_lines():
-        left.legend(fontsize=8)
     figure.tight_layout()
     return figure
 
