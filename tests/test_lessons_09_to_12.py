@@ -166,20 +166,57 @@ def test_lesson_12_communication_costs():
         "[(m.op, m.world_size, m.nbytes, m.seconds) for m in measurements]",
         "len(SIZES) * len(WORLDS) * len(OPS)",
         "FULL_SWEEP",
-        "{k: (f.alpha, f.bandwidth) for k, f in fits.items()}",
+        "{k: (f.alpha, f.bandwidth, f.median_relative_error, f.max_relative_error) "
+        "for k, f in fits.items()}",
         "step_check",
         "(step_widget.last_result.tokens, step_widget.last_result.hidden, "
         "step_widget.last_result.world_size, "
         "{k: step_widget.last_result.total_bytes(k) for k in step_widget.last_result.rows}, "
         "step_widget.last_result.seconds)",
         SMALLEST_TEXT.format("fit_picture"),
+        "scaling",
+        "a2a_links",
+        "works",
+        "rs_over_ar",
+        "(ALPHA, BANDWIDTH, GRADIENTS, ONE_RANK_COMPUTE)",
     ]
     nb, v = run_lesson(lesson(12), fetch)
+    import statistics
+
+    from chainrule import comm_cost as cc
+
+    markdown = "\n".join(output_texts(nb, "text/markdown"))
     factors = v["factors"]
     for P, f in factors.items():
         P = int(P)
         assert f["all_reduce"] == pytest.approx(2 * (P - 1) / P)
         assert f["all_gather"] == f["reduce_scatter"] == pytest.approx((P - 1) / P)
+    # more ranks: the latency term grows linearly, compute per rank shrinks, the share grows
+    alpha, bandwidth, N, compute = v[fetch[12]]
+    scaling = {int(P): s for P, s in v["scaling"].items()}
+    for P, s in scaling.items():
+        assert s["latency"] == pytest.approx(2 * (P - 1) * alpha)
+        assert s["transfer"] == pytest.approx(2 * (P - 1) / P * N / bandwidth)
+        assert s["transfer"] < 2 * N / bandwidth
+        assert s["compute"] == pytest.approx(compute / P)
+        assert f"| {P} | {s['latency'] * 1e3:.2f} | {s['transfer'] * 1e3:.2f} |" in markdown
+    shares = [scaling[P]["share"] for P in sorted(scaling)]
+    assert shares == sorted(shares) and shares[0] < 0.01 and shares[-1] > 0.9
+    largest = scaling[1024]
+    assert f"{largest['latency'] / largest['compute']:.0f} times the compute" in markdown
+    # the all-to-all: the switch's link carries (P−1)/P·N, a ring's P/8·N, a torus's √P/8·N
+    for P, links in v["a2a_links"].items():
+        P = int(P)
+        assert links["switch"] == pytest.approx((P - 1) / P)
+        assert links["ring"] == pytest.approx(P / 8) and links["torus"] == pytest.approx(P**0.5 / 8)
+    assert v["a2a_links"]["64"]["ring"] / v["a2a_links"]["64"]["switch"] > 8
+    # gloo: what it runs (exact), and the measurements
+    assert v["works"] == {
+        "all_reduce": [["all_reduce", [3072]]],
+        "all_gather": [["all_gather", [1024]]],
+        "reduce_scatter": [["all_reduce", [1024]]] * 3,  # P all-reduces, one per slice
+        "reduce_scatter_single": [["all_reduce", [3072]]],  # one of the whole tensor
+    }
     measured = v[fetch[1]]
     assert v["FULL_SWEEP"] is False
     assert len(measured) == v[fetch[2]] == 36
@@ -187,17 +224,42 @@ def test_lesson_12_communication_costs():
         (op, P) for op in ("all_reduce", "all_gather", "reduce_scatter") for P in (2, 3, 4)
     }
     assert all(seconds > 0 for *_, seconds in measured)
-    for alpha, bandwidth in v[fetch[4]].values():
-        assert alpha > 0 and bandwidth > 0
+    # the ring fits: only the two rings, their errors as the lesson's own fit computes them
+    rows = [cc.Measurement(*m) for m in measured]
+    fits = v[fetch[4]]
+    assert set(fits) == {"all_reduce", "all_gather"}  # no ring bandwidth for gloo's reduce-scatter
+    for op, (alpha_fit, bandwidth_fit, median_error, max_error) in fits.items():
+        again = cc.fit(rows, op)
+        assert (alpha_fit, bandwidth_fit) == pytest.approx((again.alpha, again.bandwidth))
+        assert (median_error, max_error) == pytest.approx(
+            (again.median_relative_error, again.max_relative_error)
+        )
+        good = median_error <= 0.10 and max_error <= 0.25
+        name = op.replace("_", "-")
+        verdict = f"{median_error:.0%} (median) and {max_error:.0%} (largest)"
+        assert f"{name}'s fitted model" in markdown and verdict in markdown
+        # "a fit" only where the error allows it
+        assert (f"{verdict}: not a fit" in markdown) is (not good)
+        assert f"| {name} | {alpha_fit * 1e6:.0f} | {bandwidth_fit / 1e9:.3g} |" in markdown
+    # reduce-scatter against all-reduce, the same N: P all-reduces cost at least one; on a busy
+    # machine a single ratio can fall below 1, their median cannot
+    ratios = {int(P): r for P, r in v["rs_over_ar"].items()}
+    seconds = {(op, P, n): t for op, P, n, t in measured}
+    for P, r in ratios.items():
+        sizes = sorted(n for op, p, n in seconds if op == "all_reduce" and p == P)
+        assert r == pytest.approx(
+            [seconds[("reduce_scatter", P, n)] / seconds[("all_reduce", P, n)] for n in sizes]
+        )
+    assert statistics.median(x for r in ratios.values() for x in r) > 1.0
     assert v["step_check"] == {
         "data parallel": [6144, 6144],  # 2·(3/4)·(8·8·32·2)·8 bytes: the weights' gradients
         "tensor parallel": [3072, 3072],  # 2 all-reduces of 16×8 float64
         "sequence parallel": [3072, 3072],  # the same bytes in four halves
     }
-    tokens, hidden, P, total, seconds = v[fetch[6]]
+    tokens, hidden, P, total, seconds_step = v[fetch[6]]
     f = (P - 1) / P
     assert total["data parallel"] == 2 * f * 8 * hidden * hidden * 2
     assert total["tensor parallel"] == total["sequence parallel"] == 4 * f * tokens * hidden * 2
-    assert all(s > 0 for s in seconds.values())
+    assert all(s > 0 for s in seconds_step.values())
     assert v[fetch[7]] >= 9
     assert _images(nb) == 1  # the fit; the widget draws its own bars
