@@ -63,6 +63,7 @@ def test_lesson_14_expert_parallelism():
         "(routing_widget.last_result.capacity_factor, routing_widget.values())",
         SMALLEST_TEXT.format("load_picture"),
         SMALLEST_TEXT.format("plot_routing(routing_widget.last_result)"),
+        "(buffer_bytes, switch_bytes, ring_bytes)",
     ]
     nb, v = run_lesson(lesson(14), fetch)
     d, _, T, E, c, P = v[fetch[0]]
@@ -113,6 +114,11 @@ def test_lesson_14_expert_parallelism():
         [E // P, P * report["C"], d],
     ]
 
+    # the bytes assume every pair of ranks connected; a one-way ring forwards chunks
+    buffer_bytes, switch_bytes, ring_bytes = v[fetch[15]]
+    assert buffer_bytes == E * report["C"] * d * 8 and switch_bytes == report["bytes"]
+    assert ring_bytes == (P - 1) / 2 * buffer_bytes and ring_bytes / switch_bytes == P / 2
+
     # the capacity sweep
     sweep, reports = v["capacity_sweep"], v[fetch[8]]
     assert list(sweep) == ["0.5", "1.0", "1.25", "2.0", "12.0"]
@@ -154,6 +160,12 @@ def test_lesson_14_expert_parallelism():
 
     # the mechanism on the page, and nothing of the exercise
     markdown = "\n".join(output_texts(nb, "text/markdown"))
+    assert not re.search(r"(?<![\d.])1 (experts|slots|tokens|ranks|padding slots)\b", markdown)
+    noun = lambda n, word: f"{n} {word}" + ("" if n == 1 else "s")  # noqa: E731
+    assert (
+        f"Capacity $C$ = {noun(capacity, 'slot')} per expert; {noun(dropped, 'token')} dropped, "
+        f"{noun(padding, 'padding slot')}."
+    ) in markdown
     for name in (
         "def all_to_all_ranks",
         "def dispatch",

@@ -43,3 +43,23 @@ def test_widget_at_both_ends(sweep):
         assert r.world_size == widget.controls["world_size"].value
         assert r.tokens_per_rank == widget.controls["tokens_per_rank"].value
         assert r.load.sum() == r.world_size * r.tokens_per_rank
+
+
+def test_counts_take_the_number_they_count():
+    assert [er.count(n, "slot") for n in (0, 1, 2)] == ["0 slots", "1 slot", "2 slots"]
+    view = er.routing_view(0.125, 1, 1, 0.0, 8)  # one rank, one expert, C = 1, E · C = 1
+    assert view.report.capacity == 1
+    table = er.routing_table(view)
+    assert "E = 1 expert," in table and "= 1 slot per expert" in table
+    assert "E · C = 1 slot of" in table
+    title = er.plot_routing(view).axes[0].get_title()
+    assert title.startswith("1 rank × 1 expert, capacity C = 1")
+
+
+def test_no_count_of_one_takes_a_plural_at_any_end(sweep):
+    widget = er.build_expert_routing_widget()
+    plurals = ("1 experts", "1 slots", "1 ranks", "1 tokens")
+    for name, value in sweep(widget):
+        title = er.plot_routing(widget.last_result).axes[0].get_title()
+        for text in (widget.table.value, title):
+            assert not any(p in text for p in plurals), (name, value, text)

@@ -28,6 +28,11 @@ WIDTH = 8
 KEPT, PADDING, DROPPED = "#4c78a8", "#d9d9d9", "#e45756"
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun in the number it takes: "1 expert", "2 experts", "0 slots"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 @dataclass(frozen=True)
 class RoutingView:
     """The report of one setting of the controls, and the setting."""
@@ -94,7 +99,8 @@ def plot_routing(view: RoutingView) -> Figure:
     ax.set_ylabel("tokens (all ranks)", fontsize=9)
     ax.tick_params(labelsize=9)
     ax.set_title(
-        f"{r.world_size} ranks × {share} experts, capacity C = {r.capacity} per rank and expert",
+        f"{count(r.world_size, 'rank')} × {count(share, 'expert')}, "
+        f"capacity C = {r.capacity} per rank and expert",
         fontsize=9,
     )
     ax.legend(fontsize=9, frameon=False, ncols=3, loc="upper right")
@@ -122,9 +128,10 @@ def routing_table(view: RoutingView) -> str:
             )
         )
     head = (
-        f"<p>E = {r.num_experts} experts, T = {r.tokens_per_rank} tokens per rank, capacity "
-        f"C = ⌈{view.capacity_factor:g} · T / E⌉ = {r.capacity} slots per expert on each rank; "
-        f"each buffer holds E · C = {r.num_experts * r.capacity} slots of d = {r.d} float64. "
+        f"<p>E = {count(r.num_experts, 'expert')}, T = {count(r.tokens_per_rank, 'token')} per "
+        f"rank, capacity C = ⌈{view.capacity_factor:g} · T / E⌉ = {count(r.capacity, 'slot')} "
+        f"per expert on each rank; each buffer holds E · C = "
+        f"{count(r.num_experts * r.capacity, 'slot')} of d = {r.d} float64. "
         f"One step (dispatch and combine, forward and backward) is 4 all-to-alls: "
         f"{4 * r.bytes_per_all_to_all:,.0f} bytes sent per rank.</p>"
     )
