@@ -46,6 +46,20 @@ def test_lesson_9_placements_and_the_sharded_matmul():
         "setattr(matmul_widget.controls['then'], 'value', 'Shard(0)'), "
         "matmul_widget.last_result.seen_forward, matmul_widget.last_result.seen_backward, "
         "matmul_widget.last_result.error)[3:]",
+        "[(op, P, *row) for (op, P), row in ring_rows.items()]",
+        "remedy_runs",
+        "{rows: {r: list(m) for r, m in moved.items()} for rows, moved in remedy_bytes.items()}",
+        "[(rows, fewer(m, sum), fewer(m, lambda m: m[0])) for rows, m in remedy_bytes.items()]",
+        "[I_R, J_R, K_R]",
+        "(setattr(matmul_widget.controls['a'], 'value', 'Replicate()'), "
+        "setattr(matmul_widget.controls['then'], 'value', 'as computed'), "
+        "setattr(matmul_widget.controls['world_size'], 'value', 4), "
+        "setattr(matmul_widget.controls['log2_rows'], 'value', 6), "
+        "[(r.name, r.bytes_forward, r.bytes_backward, r.checked, r.error) "
+        "for r in matmul_widget.last_result.remedies], "
+        "'Fewer bytes per step: <b>reduce C</b>' in matmul_widget.table.value, "
+        "setattr(matmul_widget.controls['log2_rows'], 'value', 14), "
+        "'Fewer bytes per step: <b>gather B</b>' in matmul_widget.table.value)[4:]",
     ]
     nb, v = run_lesson(lesson(9), fetch)
     assert v[fetch[0]] == dict.fromkeys(["Replicate()", "Shard(0)", "Shard(1)", "Partial()"], True)
@@ -66,12 +80,56 @@ def test_lesson_9_placements_and_the_sharded_matmul():
     MiB = 1 << 20
     per_rank = 3 / 4 * 64 * MiB / MiB  # P = 4, 4096² float32
     assert v["case_bytes"] == {
-        "local, B fans out (data parallel)": [0, 2 * per_rank],
-        "local, A fans out (column-parallel)": [0, 2 * per_rank],
-        "all-gather B first, C sharded": [per_rank, per_rank],
-        "partial sums, then reduce-scatter": [per_rank, per_rank],
-        "partial sums, then all-reduce": [2 * per_rank, 0],
+        "1: local, B fans out (data parallel)": [0, 2 * per_rank],
+        "1: local, A fans out (column-parallel)": [0, 2 * per_rank],
+        "2: A by rows, gather B (fanned out)": [per_rank, per_rank],
+        "2: A replicated, gather B": [per_rank, 0],
+        "2: A replicated, slice A, all-reduce C": [2 * per_rank, per_rank],
+        "3: partial sums, then reduce-scatter": [per_rank, per_rank],
+        "3: partial sums, then all-reduce": [2 * per_rank, 0],
     }
+    # A reduce-scatter of the partial C halves the forward bytes, not the step's.
+    steps = {k: sum(b) for k, b in v["case_bytes"].items()}
+    reduced = ("3: partial sums, then reduce-scatter", "3: partial sums, then all-reduce")
+    assert steps[reduced[0]] == steps[reduced[1]]
+    # The ring, counted message by message: P − 1 steps and (P−1)/P·N per rank for a gather or
+    # a reduce-scatter, twice both for an all-reduce; the same as the model and the trace.
+    ring = v["[(op, P, *row) for (op, P), row in ring_rows.items()]"]
+    assert {(op, P) for op, P, *_ in ring} == {
+        (op, P) for op in ("all_gather", "reduce_scatter", "all_reduce") for P in (2, 3, 4, 8)
+    }
+    for op, P, taken, model_steps, sent, model, traced, gap in ring:
+        times = 2 if op == "all_reduce" else 1
+        assert taken == model_steps == times * (P - 1), (op, P)
+        assert sent == [times * (P - 1) / P * 48 * 8] * P, (op, P)
+        assert model == traced == sent[0] and gap < 1e-12, (op, P)
+    # Case 2's two remedies, run: values and both gradients, and the bytes each pass moved.
+    I, J, K = v["[I_R, J_R, K_R]"]
+    f = 3 / 4 * 8  # P = 4, float64
+    expected = {
+        "gather B": [[["all_gather"], []], [f * J * K, 0]],
+        "reduce C": [[["all_reduce"], ["all_gather"]], [2 * f * I * K, f * I * J]],
+    }
+    for remedy, (ops_seen, traced, counted, error) in v["remedy_runs"].items():
+        assert [ops_seen, traced] == expected[remedy] and counted == traced, remedy
+        assert error < 1e-12, remedy
+    moved = v[fetch[12]]
+    for rows, by_remedy in moved.items():
+        rows = int(rows)
+        assert by_remedy["gather B"] == [per_rank, 0]
+        assert by_remedy["reduce C"] == [2 * per_rank * rows / 4096, per_rank * rows / 4096]
+    assert v[fetch[13]] == [
+        [256, "reduce C", "reduce C"],  # few rows: the partial result is small
+        [1536, "gather B", "reduce C"],  # the forward alone points the wrong way
+        [16384, "gather B", "gather B"],
+    ]
+    widget_remedies, reduce_fewer, gather_fewer = v[fetch[15]]
+    f32 = 3 / 4 * 4  # the widget: P = 4, float32, A 64 × 1024, B 1024 × 1024
+    assert widget_remedies == [
+        ["gather B", f32 * 1024 * 1024, 0, True, 0.0],
+        ["reduce C", 2 * f32 * 64 * 1024, f32 * 64 * 1024, True, 0.0],
+    ]
+    assert reduce_fewer and gather_fewer
     assert len(v["bytes_agree"]) == 10
     assert all(planned == traced for planned, traced in v["bytes_agree"].values())
     agreement = v[fetch[7]]
@@ -83,6 +141,9 @@ def test_lesson_9_placements_and_the_sharded_matmul():
     markdown = "\n".join(output_texts(nb, "text/markdown"))
     assert "def redistribute" in markdown  # the mechanism on the page
     assert _images(nb) == 0  # the widget draws the blocks
+    prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "lesson 12" not in prose.split("### What a collective moves")[0]  # taught before use
+    assert "row-parallel" in prose and "halves the forward" in prose
 
 
 def test_lesson_10_tensor_parallelism():
@@ -130,19 +191,50 @@ def test_lesson_11_sequence_parallelism():
         "[(s.name, s.placement, s.forward, s.backward) for s in dist.run(record_stages, 4)[0]]",
         SMALLEST_TEXT.format("sp_picture"),
         SMALLEST_TEXT.format("memory_picture"),
+        "{str(k): v for k, v in layer_memory.items()}",
+        "norm_ranks",
+        "{str(k): v for k, v in gamma_extra.items()}",
+        "(D, sorted(reference))",
     ]
     nb, v = run_lesson(lesson(11), fetch)
+    markdown = "\n".join(output_texts(nb, "text/markdown"))
+    # Korthikanti et al.'s count for a GPT-3 layer: sbh(10 + 24/t + 5as/(ht)), 10sbh replicated
+    h, a = 12288, 96
+    layers = {tuple(int(n) for n in k.strip("()").split(", ")): m for k, m in v[fetch[7]].items()}
+    for (t, s), m in layers.items():
+        assert m["total"] == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)))
+        assert m["replicated"] == 10 * s * h
+        assert m["share"] == pytest.approx(10 * s * h / m["total"])
+        assert m["sequence parallel"] == pytest.approx(s * h / t * (34 + 5 * a * s / h))
+    assert layers[(8, 2048)]["share"] == pytest.approx(10 / 23)  # 5as/(ht) = 10 at t = 8
+    assert layers[(8, 8192)]["share"] < layers[(8, 2048)]["share"] < 0.5  # not most; falls with s
+    shares = [layers[(t, 2048)]["share"] for t in (1, 2, 4, 8)]
+    assert shares == sorted(shares)  # grows with t
+    assert layers[(8, 2048)]["share, scores recomputed"] == pytest.approx(10 / 13)
+    assert "replicated part is 43% of the layer's" in markdown and "falls to 19%" in markdown
+    assert "77% at $t = 8$" in markdown and "from 552 to 342 MiB" in markdown
+    # the norm's weight: each rank's gradient is a partial sum, the all-reduce makes it whole
+    for before, after in v["norm_ranks"]:
+        assert before > 0.5 and after < 1e-12
+    D, gradients = v[fetch[10]]
+    assert "gamma" in gradients  # the block's error covers γ's gradient
     assert v["split_all_reduce_error"] == 0.0
     results = v[fetch[1]]
     assert len(results) >= 4
     for key, (error, forward, backward, fwd_bytes, bwd_bytes) in results.items():
         assert error < 1e-12, key
         if "sequence" in key:
-            assert forward == backward == ["all_gather", "reduce_scatter"], key
+            assert forward == ["all_gather", "reduce_scatter"], key
+            assert backward == ["all_gather", "reduce_scatter", "all_reduce"], key  # + γ's
             twin = results[key.replace("sequence parallel", "tensor parallel")]
-            assert (fwd_bytes, bwd_bytes) == (twin[3], twin[4]), key  # the same bytes
+            P = int(key.strip("()").split(", ")[1])
+            assert fwd_bytes == twin[3], key  # the same bytes forward
+            assert bwd_bytes == twin[4] + 2 * (P - 1) / P * D * 8, key  # and γ's all-reduce
         else:
             assert forward == backward == ["all_reduce"], key
+    for key, extra in v[fetch[9]].items():
+        P = int(key.strip("()").split(", ")[1])
+        assert extra == 2 * (P - 1) / P * D * 8, key
     memory = v["memory"]
     tp, sp = memory["tensor parallel"], memory["sequence parallel"]
     for P in ("1", "2", "4"):
