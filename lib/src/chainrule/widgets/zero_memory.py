@@ -105,7 +105,8 @@ def zero_table(result: ZeroMemory) -> str:
         else "Stage 3 gathers θ in the forward and again in the backward."
     )
     head = (
-        f'<p style="margin: 0 0 4px 0">Ψ = {result.psi / 1e9:g} billion parameters on '
+        '<p style="margin: 0 0 4px 0; line-height: 1.4">'
+        f"Ψ = {result.psi / 1e9:g} billion parameters on "
         f"P = {result.world_size} rank{'' if alone else 's'}, {result.optimizer}. GB per rank "
         f"(10⁹ bytes) held, and sent per step. {sent}</p>"
     )
@@ -157,17 +158,18 @@ def plot_zero_memory(result: ZeroMemory) -> Figure:
 def build_zero_memory_widget(
     sizes: Sequence[float] = (1.5, 7.5, 13.0, 70.0, 175.0),
 ) -> LiveWidget:
-    """Controls: Ψ (billions), log₂ P (P = 1 to 1024) and the optimizer's bytes per parameter."""
+    """Controls: Ψ (billions), P (the powers of two from 1 to 1024) and the optimizer's bytes
+    per parameter."""
 
-    def compute(billions: float, log2_ranks: int, optimizer: str) -> ZeroMemory:
-        return zero_memory(billions * 1e9, RANK_CHOICES[log2_ranks], optimizer)
+    def compute(billions: float, ranks: int, optimizer: str) -> ZeroMemory:
+        return zero_memory(billions * 1e9, ranks, optimizer)
 
     controls = {
         "billions": ipywidgets.Dropdown(
             options=[(f"{s:g} billion", s) for s in sizes], value=7.5, description="Ψ"
         ),
-        "log2_ranks": ipywidgets.IntSlider(
-            value=6, min=0, max=len(RANK_CHOICES) - 1, description="log₂ ranks P"
+        "ranks": ipywidgets.SelectionSlider(
+            options=list(RANK_CHOICES), value=64, description="ranks P"
         ),
         "optimizer": ipywidgets.Dropdown(
             options=list(OPTIMIZERS), value=next(iter(OPTIMIZERS)), description="optimizer"
