@@ -114,11 +114,19 @@ def test_lesson_6_gradient_accumulation():
         "[bool(np.isfinite(v)) for v in after16]",
         "[bool(np.isfinite(v)) for v in first16]",
         "float(np.abs(first16 - np.mean(micro32, axis=0)).max())",
-        "{k: v[0] for k, v in dynamic.items()}",
-        "np.array_equal(*(b for _, b in dynamic.values()))",
+        "FP16_SMALLEST_NORMAL",
+        "smallest_entry",
+        "float(np.abs(pool[:8][pool[:8] != 0]).min())",
+        "[fp16.below_normal_after, fp16.below_normal_first]",
+        "[[s, None if g is None else g.tolist()] for s, _, g in after_log]",
+        "[[s, None if g is None else g.tolist()] for s, _, g in first_log]",
+        "scaler_steps",
         "torch_buffers_equal",
         "amp_grad_dtype",
         "amp_finite",
+        "amp_peak",
+        "amp_error",
+        "world",
         "traffic",
         "grad_gaps",
         "ddp_rows",
@@ -137,13 +145,37 @@ def test_lesson_6_gradient_accumulation():
     assert v["fp16.overflow_after"] is not None and v["fp16.overflow_first"] is None
     assert v["fp16.error_first"] < 1e-3
     assert not all(v[fetch[11]]) and all(v[fetch[12]]) and v[fetch[13]] < 2e-2
-    dynamic = v["{k: v[0] for k, v in dynamic.items()}"]
-    assert dynamic["scale the loss first"] == 8 * dynamic["scale afterwards"]
-    assert v["np.array_equal(*(b for _, b in dynamic.values()))"]
+    assert v["FP16_SMALLEST_NORMAL"] == 2.0**-14
+    assert v["smallest_entry"] == v["float(np.abs(pool[:8][pool[:8] != 0]).min())"] > 0
+    # Here every entry stays normal both ways: S/k · the smallest entry is above 2^-14.
+    assert scale / 8 * v["smallest_entry"] >= 2.0**-14 and v[fetch[17]] == [0, 0]
+
+    # The dynamic scaler on the page: skip and halve on inf, double after 4 good steps; the
+    # loss-first run, started at 8 S, is the same run with 8 times the scale.
+    after, first = v[fetch[18]], v[fetch[19]]
+    scales = [s for s, _ in after]
+    assert scales[0] == 2.0**16 and len(after) == len(first) == len(v["scaler_steps"])
+    for (s_after, g_after), (s_first, g_first) in zip(after, first, strict=True):
+        assert s_first == 8 * s_after and (g_after is None) == (g_first is None)
+        assert g_after is None or g_after == g_first
+    for step, (s, g) in enumerate(after[:-1]):
+        following = scales[step + 1]
+        assert following == (s / 2 if g is None else s) or following == 2 * s  # halve, or grow
+    assert any(g is None for _, g in after) and any(g is not None for _, g in after)
+    assert 2 * min(scales[2:]) in scales[2:]  # it grew again after settling
+    assert all(row[3] and row[6] for row in v["scaler_steps"])
     assert list(v["torch_buffers_equal"].values()) == [True] * 4
+    # Autocast in float16 with a GradScaler: the float32 .grad holds more than float16 could.
     assert v["amp_grad_dtype"] == "torch.float32" and v["amp_finite"]
+    assert v["amp_peak"] > v["FP16_MAX"] and v["amp_error"] < 2e-2
 
     assert {k: t[:2] for k, t in v["traffic"].items()} == {str(k): [k, 1] for k in (1, 2, 4, 8)}
+    P = v["world"]
+    for k, (_, _, payload_sync, payload_lazy, sent_sync, sent_lazy) in v["traffic"].items():
+        assert payload_sync == int(k) * payload_lazy > 0  # the trace's bytes are the payload
+        assert sent_sync == pytest.approx(2 * (P - 1) / P * payload_sync)  # a ring sends more
+        assert sent_lazy == pytest.approx(2 * (P - 1) / P * payload_lazy)
+    assert P > 2  # where sent and payload differ
     assert max(v["grad_gaps"].values()) < 1e-14
     for k, mode, ddp_reduces, library_reduces, gap in v["ddp_rows"]:
         assert ddp_reduces == library_reduces == (1 if mode == "no_sync()" else k)

@@ -90,7 +90,12 @@ def test_no_sync_makes_one_all_reduce_instead_of_k():
     synced = acc.accumulation_traffic(world, k, no_sync=False)
     lazy = acc.accumulation_traffic(world, k, no_sync=True)
     assert synced.all_reduces == k and lazy.all_reduces == 1
-    assert synced.bytes_sent == k * lazy.bytes_sent > 0
+    assert synced.payload_bytes == k * lazy.payload_bytes > 0
+    # A ring all-reduce sends 2(P − 1)/P of its payload: for two ranks, the payload itself.
+    assert synced.ring_bytes_sent == 2 * (world - 1) / world * synced.payload_bytes
+    assert acc.accumulation_traffic(4, k, no_sync=True).ring_bytes_sent == pytest.approx(
+        1.5 * lazy.payload_bytes
+    )
     assert synced.trace.ops() == ["all_reduce"] * k and lazy.trace.ops() == ["all_reduce"]
     full = acc.full_batch_gradient(world, k)
     for rank in range(world):
@@ -136,3 +141,14 @@ def test_fp16_widget_at_the_ends_of_its_controls(sweep):
         assert "e+" not in widget.table.value  # numbers in plain digits or powers of two
     widget.controls["log2_scale"].value = 21
     assert "2^21" in widget.table.value
+
+
+def test_dividing_the_loss_first_is_the_scale_s_over_k_at_the_bottom_of_the_range():
+    # An entry of 2^-20 at S = 2^7: scaled afterwards it is 2^-13, a normal float16; with the
+    # loss divided by k = 8 first it is 2^-16, below the normal range (2^-14), a subnormal.
+    grads = np.tile([2.0**-20, 1.0, 0.0], (8, 1))
+    result = acc.fp16_accumulation(grads, 2.0**7)
+    assert acc.FP16_SMALLEST_NORMAL == 2.0**-14
+    assert result.below_normal_after == 0 and result.below_normal_first == 8  # the zero is not
+    assert acc.fp16_accumulation(grads, 2.0**10).below_normal_first == 0
+    assert "8 of 24" in acc.build_fp16_widget(grads, k=8, log2_scale=7).table.value

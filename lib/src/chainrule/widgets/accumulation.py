@@ -11,9 +11,10 @@ run k backward passes of ``L_j/k`` into the same gradient buffer and it holds ``
 Scaling the *loss* by 1/k (before backward) rather than the accumulated gradient (after the
 k-th backward) matters in float16 with a *fixed* loss scale S chosen for one micro-batch: the
 buffer of the second strategy holds ``S Σ_j ∇L_j``, k times the magnitude of the result, and
-overflows first (:func:`fp16_accumulation`, :func:`build_fp16_widget`). A *dynamic* scaler
-erases the difference: it settles on a k times smaller S for the second strategy, and then
-both buffers hold the same float16 numbers (:func:`dynamic_loss_scale`).
+overflows first (:func:`fp16_accumulation`, :func:`build_fp16_widget`). Dividing first is the
+scale S/k: k times more room before the overflow, k times less before the underflow. A
+*dynamic* scaler erases the difference: it settles on a k times smaller S for the second
+strategy, and then both buffers hold the same float16 numbers (:func:`dynamic_loss_scale`).
 
 Data-parallel accumulation all-reduces once per step, not once per micro-batch, by skipping
 the sync ("no sync") on the first k−1 backward passes; the gradient is the same either way
@@ -31,7 +32,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from chainrule import data_parallel, dist, ops
+from chainrule import comm_cost, data_parallel, dist, ops
 from chainrule.nn import MLP
 from chainrule.tensor import Tensor
 from chainrule.widgets.live_widget import LiveWidget
@@ -39,6 +40,10 @@ from chainrule.widgets.tables import html_table, number, power_of_two
 
 FP16_MAX = float(np.finfo(np.float16).max)
 """The largest finite float16 number, 65504: anything larger rounds to inf."""
+
+FP16_SMALLEST_NORMAL = float(np.finfo(np.float16).smallest_normal)
+"""``2^-14``: below it float16 numbers are subnormal, with fewer significant bits, down to
+``2^-24``, and smaller ones round to zero."""
 
 
 # -- the identity -----------------------------------------------------------------------------
@@ -140,6 +145,11 @@ class Fp16Accumulation:
       holds ``(S/k) Σ_{i≤j} ∇L_i``, never more than S times the largest micro-batch gradient;
       at the end divide by S.
 
+    The second is the first with the scale S/k: k times more room below the overflow and k
+    times less above the underflow. ``below_normal_after`` / ``below_normal_first`` count the
+    nonzero entries of the k micro-batch gradients that a backward pass writes below float16's
+    normal range (:data:`FP16_SMALLEST_NORMAL`: subnormal, losing bits, or zero).
+
     ``peak_after[j]`` / ``peak_first[j]`` are ``max |buffer|`` after micro-batch j (inf once
     it overflowed), ``result_after`` / ``result_first`` the final gradients (float32) and
     ``true_gradient`` the exact ``(1/k) Σ_j ∇L_j`` in float64.
@@ -152,6 +162,8 @@ class Fp16Accumulation:
     result_after: np.ndarray
     result_first: np.ndarray
     true_gradient: np.ndarray
+    below_normal_after: int = 0
+    below_normal_first: int = 0
 
     @property
     def overflow_after(self) -> int | None:
@@ -183,17 +195,35 @@ def fp16_accumulation(micro_grads: np.ndarray, loss_scale: float) -> Fp16Accumul
     after = np.zeros(grads.shape[1], dtype=np.float16)
     first = np.zeros(grads.shape[1], dtype=np.float16)
     peak_after, peak_first = np.empty(k), np.empty(k)
+    below_after = below_first = 0
     with np.errstate(over="ignore", invalid="ignore"):
         for j, g in enumerate(grads):
-            after = after + (scale * g).astype(np.float16)
-            first = first + (scale / k * g).astype(np.float16)
+            micro_after = (scale * g).astype(np.float16)
+            micro_first = (scale / k * g).astype(np.float16)
+            below_after += _below_normal(g, micro_after)
+            below_first += _below_normal(g, micro_first)
+            after = after + micro_after
+            first = first + micro_first
             peak_after[j] = np.abs(after).max()
             peak_first[j] = np.abs(first).max()
         result_after = after.astype(np.float32) / np.float32(k * scale)
         result_first = first.astype(np.float32) / np.float32(scale)
     return Fp16Accumulation(
-        k, scale, peak_after, peak_first, result_after, result_first, grads.mean(axis=0)
+        k,
+        scale,
+        peak_after,
+        peak_first,
+        result_after,
+        result_first,
+        grads.mean(axis=0),
+        below_after,
+        below_first,
     )
+
+
+def _below_normal(exact: np.ndarray, in_fp16: np.ndarray) -> int:
+    """Nonzero entries of ``exact`` whose float16 value is below the normal range (or 0)."""
+    return int(np.count_nonzero((exact != 0) & (np.abs(in_fp16) < FP16_SMALLEST_NORMAL)))
 
 
 def largest_safe_scale(micro_grads: np.ndarray) -> float:
@@ -302,22 +332,30 @@ def _fp16_table(result: Fp16Accumulation) -> str:
     def when(step: int | None) -> str:
         return "never" if step is None else f"after micro-batch {step}"
 
+    entries = result.k * result.true_gradient.size
     rows = [
         [
             "scale the gradient after",
             _largest_finite(result.peak_after),
             when(result.overflow_after),
+            f"{result.below_normal_after} of {entries}",
         ],
         [
             "scale each loss by 1/k first",
             _largest_finite(result.peak_first),
             when(result.overflow_first),
+            f"{result.below_normal_first} of {entries}",
         ],
+    ]
+    header = [
+        "strategy",
+        "largest finite buffer value",
+        "overflow to inf",
+        f"micro-batch entries below {power_of_two(FP16_SMALLEST_NORMAL)} (subnormal or 0)",
     ]
     return (
         f"<p>k = {result.k} micro-batches, fixed loss scale S = "
-        f"{power_of_two(result.loss_scale)}</p>"
-        + html_table(["strategy", "largest finite buffer value", "overflow to inf"], rows)
+        f"{power_of_two(result.loss_scale)}</p>" + html_table(header, rows)
     )
 
 
@@ -360,16 +398,24 @@ class SyncTraffic:
     """One data-parallel accumulation step: the collectives it made and the gradients.
 
     ``all_reduces``: all-reduces recorded in ``trace`` (a :class:`chainrule.dist.Trace`);
-    ``bytes_sent``: their payload per rank; ``grads[p]``: rank p's averaged gradients.
+    ``payload_bytes``: the bytes of the gradients they reduce, per rank (what each rank hands
+    to the collective, not what it sends: see :attr:`ring_bytes_sent`); ``grads[p]``: rank p's
+    averaged gradients.
     """
 
     world_size: int
     k: int
     no_sync: bool
     all_reduces: int
-    bytes_sent: int
+    payload_bytes: int
     grads: list[list[np.ndarray]]
     trace: dist.Trace
+
+    @property
+    def ring_bytes_sent(self) -> float:
+        """The bytes each rank sends for these all-reduces on a ring: ``2(P−1)/P`` of the
+        payload (a reduce-scatter, then an all-gather; :mod:`chainrule.comm_cost`)."""
+        return sum(comm_cost.event_bytes(e) for e in self.trace if e.op == "all_reduce")
 
 
 def _accumulation_step(k: int, no_sync: bool, seed: int) -> list[np.ndarray]:
