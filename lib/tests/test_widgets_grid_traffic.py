@@ -25,7 +25,12 @@ def test_each_grid_sends_the_ring_models_bytes(dp, tp):
     for r in range(4):
         assert step.row_bytes[r] == 4 * CONFIG.layers * ring(activations, tp)
         assert step.column_bytes[r] == ring(gradients * 8, dp) + ring(8, dp)
-    assert step.collectives == [4 * CONFIG.layers + 2] * 4
+    # a group of one rank moves nothing and is not counted: f, f̄ in rows of tp > 1 ranks,
+    # the gradients' and the loss's all-reduce in columns of dp > 1 ranks
+    assert step.collectives == [4 * CONFIG.layers * (tp > 1) + 2 * (dp > 1)] * 4
+    table = gw.grid_table(step)
+    assert ("a row is one rank" in table) == (tp == 1)
+    assert ("a column is one rank" in table) == (dp == 1)
     assert np.isfinite(step.loss)
 
 

@@ -3,7 +3,8 @@
 Choose the grid's shape and the sequences per step; one step runs on the simulated world with a
 :class:`~chainrule.dist.Trace`, and the widget shows what each rank sent in its row (tensor
 parallelism: activations) and in its column (data parallelism: gradients), by the ring model,
-next to the step's loss and its distance from one process.
+next to the step's loss and its distance from one process. A collective over a group of one rank
+(a row at ``tp = 1``, a column at ``dp = 1``) moves nothing: it is neither counted nor drawn.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ LAYOUTS = {
 
 @dataclass(frozen=True)
 class GridStep:
-    """One traced step: per rank the collectives and the bytes sent in its row and column."""
+    """One traced step: per rank the collectives that met other ranks (a group of one rank moves
+    nothing and is not counted) and the bytes sent in its row and column."""
 
     dp: int
     tp: int
@@ -64,10 +66,10 @@ def grid_step(
     rows = {tuple(d * tp + t for t in range(tp)) for d in range(dp)}
     collectives, row_bytes, column_bytes = [], [], []
     for rank in range(dp * tp):
-        mine = [e for e in trace if rank in e.ranks]
+        mine = [e for e in trace if rank in e.ranks and len(e.ranks) > 1]  # met another rank
         collectives.append(len(mine))
-        row_bytes.append(sum(event_bytes(e) for e in mine if e.ranks in rows and tp > 1))
-        column_bytes.append(sum(event_bytes(e) for e in mine if e.ranks not in rows or tp == 1))
+        row_bytes.append(sum(event_bytes(e) for e in mine if e.ranks in rows))
+        column_bytes.append(sum(event_bytes(e) for e in mine if e.ranks not in rows))
     return GridStep(
         dp, tp, sequences, sequences // dp * config.context, collectives, row_bytes,
         column_bytes, losses[0][0], abs(losses[0][0] - one[0]),
@@ -76,10 +78,16 @@ def grid_step(
 
 def grid_table(step: GridStep) -> str:
     """HTML: the step's loss against one process, then each rank's collectives and bytes."""
+    alone = []  # the groups of one rank: their all-reduces move nothing
+    if step.tp == 1:
+        alone.append("a row is one rank: f and f̄ exchange nothing")
+    if step.dp == 1:
+        alone.append("a column is one rank: the gradients' and the loss's average exchange nothing")
+    note = f" Here {'; '.join(alone)}, so they are not counted." if alone else ""
     head = (
         f"<p>{step.dp} × {step.tp} grid, {step.sequences} sequences per step "
         f"({step.tokens_per_row} tokens per row). Loss {step.loss:.6f}, "
-        f"{step.gap:.1e} from one process.</p>"
+        f"{step.gap:.1e} from one process.{note}</p>"
     )
     rows = [
         (
