@@ -123,7 +123,7 @@ def test_lesson_9_placements_and_the_sharded_matmul():
         [1536, "gather B", "reduce C"],  # the forward alone points the wrong way
         [16384, "gather B", "gather B"],
     ]
-    widget_remedies, reduce_fewer, gather_fewer = v[fetch[15]]
+    widget_remedies, reduce_fewer, _, gather_fewer = v[fetch[15]]
     f32 = 3 / 4 * 4  # the widget: P = 4, float32, A 64 × 1024, B 1024 × 1024
     assert widget_remedies == [
         ["gather B", f32 * 1024 * 1024, 0, True, 0.0],

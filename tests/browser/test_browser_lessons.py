@@ -176,3 +176,21 @@ def test_the_sharded_matmul_widget_shows_the_blocks_no_rank_computes_and_the_rem
     assert "all-gather first" in widget.inner_text()
     assert "reduce-scatter" in widget.inner_text()  # the gathered A fans out: its backward
     assert_picture_shown(widget, "the all-gather-first case")
+    # A replicated, B by rows: case 2's two remedies side by side, and the rows decide.
+    for index, label in ((0, "Replicate()"), (1, "Shard(0)")):
+        before = lab.widget_state(widget)
+        choices.nth(index).select_option(label=label)
+        assert lab.wait_for_widget_state(widget, before, lesson)["error"] == ""
+    assert "Case 2 has two remedies" in widget.inner_text()
+    rows = widget.locator(".widget-slider").nth(1).locator(".noUi-handle[role=slider]").first
+    for key, fewer in (("Home", "reduce C"), ("End", "gather B")):  # 64 rows, then 16384
+        before = lab.widget_state(widget)
+        rows.scroll_into_view_if_needed()
+        rows.focus()
+        rows.press(key)
+        state = lab.wait_for_widget_state(widget, before, lesson)
+        assert state["error"] == "" and state["values"]["log2_rows"] == (6 if key == "Home" else 14)
+        assert f"Fewer bytes per step: {fewer}" in widget.inner_text(), key
+        assert_picture_shown(widget, f"case 2 with log2 rows at its {key}")
+        widget.scroll_into_view_if_needed()
+        lab.record(f"case_two_rows_{key.lower()}")
