@@ -1,8 +1,9 @@
-"""Every lesson notebook is stored the same way: valid, without outputs, with cell ids and the
-python3 kernel's full language information (so that JupyterLab has nothing to add when it opens
-one); numbered 00, 01, ... without gaps, listed and linked in order; every lesson ends by
-pointing to its exercise; no derived number is typed into the prose (the lessons compute them);
-and no lesson gives away an exercise's answer."""
+"""Every lesson notebook (and every exercise, in source/ and release/) is stored the same way:
+valid, without outputs, with cell ids and the python3 kernel's full language information (so
+that JupyterLab has nothing to add when it opens one); the lessons are numbered 00, 01, ...
+without gaps, listed and linked in order; every lesson ends by pointing to its exercise; no
+derived number is typed into the prose (the lessons compute them); and no lesson gives away an
+exercise's answer."""
 
 from __future__ import annotations
 
@@ -82,7 +83,14 @@ def test_every_lesson_has_its_number_and_links_to_the_next(path):
         assert re.search(rf"Next: \[{number + 1}\. [^\]]+\]\({following}\)", text), path.name
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+EXERCISE_NOTEBOOKS = sorted(
+    p for folder in ("source", "release") for p in (REPO / folder).glob("*/ex*.ipynb")
+)
+
+
+@pytest.mark.parametrize(
+    "path", NOTEBOOKS + EXERCISE_NOTEBOOKS, ids=lambda p: str(p.relative_to(REPO).with_suffix(""))
+)
 def test_stored_without_outputs_with_ids_and_the_kernels_language_info(path):
     from ipykernel.ipkernel import IPythonKernel
 
