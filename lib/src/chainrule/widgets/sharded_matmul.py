@@ -371,10 +371,11 @@ def widget_case(
 
 
 def _size(nbytes: float) -> str:
+    """Bytes in words, the number and its unit held together on one line (a no-break space)."""
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"
+            return f"{nbytes / scale:.3g}\u00a0{unit}"
+    return f"{nbytes:.0f}\u00a0B"
 
 
 def case_table(case: MatmulCase) -> str:
@@ -443,7 +444,8 @@ def remedies_table(case: MatmulCase) -> str:
         return ", ".join(done) or "none"
 
     rows = [
-        (r.name, r.steps, collectives(r, "forward"), collectives(r, "backward"),
+        (r.name.replace(" ", "\u00a0"), r.steps, collectives(r, "forward"),
+         collectives(r, "backward"),
          _size(r.bytes_per_step),
          f"{'bytes as counted' if r.checked else 'bytes DIFFER'}, error {r.error:.0e}")
         for r in (gather, reduce)
