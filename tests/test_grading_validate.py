@@ -117,3 +117,28 @@ def test_kernels_forked_by_a_zygote_give_the_same_verdicts(notebooks, tmp_path):
         assert codes == {"solved": {0}, "blank": {1}, "edited_test": {1}}
     finally:
         sandbox.stop()
+
+
+@pytest.mark.slow
+def test_a_failing_test_reads_as_its_message_then_the_students_lines(notebooks, capsys):
+    """The report of a failing test, as Validate's dialog shows it too: the test's message
+    first, then the line of the student's cell that raised, then the test's line; no traceback
+    frames of the grader and no cell numbers of the validating kernel (``In[3]``)."""
+    root, work = notebooks
+    course = make_course(root.parent / "course-wrong")
+    wrong = course.release("squares")
+    solve({"squares": wrong})
+    answer(wrong, "square", "def square(x):\n    return x + x")
+    answer(wrong, "cube", "def cube(x):\n    return [][x]")
+    nbformat.write(wrong, work / "wrong.ipynb")
+    assert main(["validate", str(work / "wrong.ipynb"), "--course-root", str(root)]) == 1
+    report = capsys.readouterr().out
+    errors = [part.split("\n\n")[0] for part in report.split("The error was:\n\n")[1:]]
+    assert [error.splitlines()[0].strip() for error in errors] == [
+        "AssertionError: square(3) should be 9",
+        "IndexError: list index out of range",
+    ], report
+    assert "line 1 of this test: assert square(3) == 9" in errors[0], report
+    assert "raised by your code in\n      cell 'cube', line 2, in cube: return [][x]" in errors[1]
+    for grader_only in ("Traceback", "In[", "---->", "File "):
+        assert grader_only not in report, report

@@ -34,10 +34,12 @@ from typing import Any
 from nbclient.exceptions import DeadKernelError
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
+from nbgrader.utils import is_locked, is_solution
 
 from chainrule.cells import bound_names
 from chainrule.grading.hidden import BEGIN_HIDDEN
 from chainrule.grading.sandbox import SandboxedKernelManager, StudentSandbox
+from chainrule.grading.validate import RanCell, student_message
 from chainrule.judging.judge import (
     GraderCallFailed,
     Judge,
@@ -109,12 +111,24 @@ def _name_timeout(cell: NotebookNode, label: str, timeout: int | None) -> None:
             output["traceback"] = [f"{TIMEOUT_ERROR}: {text}"]
 
 
+def _shorten_errors(cell: NotebookNode, ran: dict[int, RanCell]) -> None:
+    """A failing test's error, as the student reads it in Validate's dialog
+    (:func:`chainrule.grading.validate.student_message`): the message first, wrapped, without
+    the instructor's frames, cells named as the student's notebook can show them."""
+    count = cell.get("execution_count")
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            output["traceback"] = student_message(output, ran, count)
+
+
 class ValidatingExecute(Execute):
-    """nbgrader's Execute, naming syntax errors and time-outs where the tests show them."""
+    """nbgrader's Execute, naming syntax errors and time-outs where the tests show them, and
+    giving each failing test a message short enough to read in Validate's dialog."""
 
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> Any:
         """Run the notebook, with the earlier problems reported on the tests."""
         self._earlier = EarlierProblems()
+        self._ran: dict[int, RanCell] = {}
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell: NotebookNode, resources: Any, index: int) -> Any:
@@ -122,9 +136,13 @@ class ValidatingExecute(Execute):
         cell, resources = super().preprocess_cell(cell, resources, index)
         if cell.cell_type == "code":
             label = cell_label(cell, index)
+            if isinstance(cell.get("execution_count"), int):
+                students = is_solution(cell) or not is_locked(cell)
+                self._ran[cell.execution_count] = RanCell(f"cell {label}", students)
             _name_timeout(cell, label, self.timeout)
             nbgrader = cell.get("metadata", {}).get("nbgrader", {})
             if nbgrader.get("grade") and not nbgrader.get("solution"):
+                _shorten_errors(cell, self._ran)
                 self._earlier.apply(cell)
             else:
                 self._earlier.note(cell, label, self.timeout)
