@@ -66,8 +66,13 @@ BOX_W, BOX_H, ARROW_W, ROW_H, TEXT_PT = 86.0, 34.0, 74.0, 70.0, 9.0
 def plot_block(paths: Mapping[str, Sequence[Stage]], title: str = "") -> Figure:
     """One line of boxes per path (name → stages); collectives over and under the arrows."""
     longest = max(len(stages) for stages in paths.values())
+    labels = [
+        label for stages in paths.values() for st in stages for label in (st.forward, st.backward)
+    ]
+    # Each arrow is wide enough for the longest collective's name (about 0.6 em per letter).
+    arrow_w = max(ARROW_W, 0.6 * TEXT_PT * max(map(len, labels), default=0) + 12)
     left = 76.0
-    width = left + longest * BOX_W + (longest - 1) * ARROW_W + 10
+    width = left + longest * BOX_W + (longest - 1) * arrow_w + 10
     height = len(paths) * ROW_H + (26 if title else 6) + 22
     figure = Figure(figsize=(width / 72, height / 72))
     ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
@@ -81,7 +86,7 @@ def plot_block(paths: Mapping[str, Sequence[Stage]], title: str = "") -> Figure:
         y = height - (26 if title else 6) - (row + 0.5) * ROW_H
         ax.text(4, y, path, ha="left", va="center", fontsize=TEXT_PT, fontweight="bold")
         for i, st in enumerate(stages):
-            x = left + i * (BOX_W + ARROW_W)
+            x = left + i * (BOX_W + arrow_w)
             ax.add_patch(
                 FancyBboxPatch(
                     (x, y - BOX_H / 2), BOX_W, BOX_H, boxstyle="round,pad=0,rounding_size=4",
@@ -92,7 +97,7 @@ def plot_block(paths: Mapping[str, Sequence[Stage]], title: str = "") -> Figure:
             ax.text(x + BOX_W / 2, y - 8, st.placement.replace(", fanned out", " (f)"),
                     ha="center", va="center", fontsize=TEXT_PT - 0.5, style="italic")  # fmt: skip
             if i + 1 < len(stages):
-                x1, x2 = x + BOX_W + 3, x + BOX_W + ARROW_W - 3
+                x1, x2 = x + BOX_W + 3, x + BOX_W + arrow_w - 3
                 ax.annotate("", (x2, y), (x1, y),
                             arrowprops={"arrowstyle": "->", "color": "#333333"})  # fmt: skip
                 if st.forward:
