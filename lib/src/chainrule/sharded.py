@@ -391,8 +391,8 @@ def plan_matmul(
             "invalid",
             reason="A is sharded along I and B along K over the same ranks: rank p holds A[I_p, J] "
             "and B[J, K_p] and can compute only the block C[I_p, K_p]",
-            remedy="all-gather B along K first (fanned out, so its backward is a reduce-scatter); "
-            "or all-gather A",
+            remedy="all-gather one operand first, A along I or B along K, so that every rank "
+            "holds all it needs for its block of C; which one to move is a matter of bytes",
         )
     return local(ra, rb, a_fanned, b_fanned)
 
