@@ -102,7 +102,7 @@ def test_a_missing_division_by_the_token_count_is_named():
     message = failure(
         fb.expect_close, weighted_sum, expected, "g", tokens=tokens, local_means=local_means
     )
-    assert "count-weighted sum: divide it by the global count ΣT = 12" in message
+    assert "count-weighted sum: a sum over all the tokens, ΣT = 12 times their mean" in message
     message = failure(fb.expect_close, weighted_sum, expected, "g", tokens=tokens)
     assert "received ΣT = 12 times the expected value" in message
 

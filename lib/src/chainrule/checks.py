@@ -165,13 +165,12 @@ def _token_diagnoses(
         )
         return [
             "received the plain mean of the local means. It weighs every rank equally, so each "
-            f"of rank p's T_p tokens (or examples) gets 1/(P·T_p) ({per_rank}). Weigh each "
-            "local mean by its count T_p and divide by the global count ΣT"
+            f"of rank p's T_p tokens (or examples) gets 1/(P·T_p) ({per_rank})"
         ]
     if weighted_sum.shape == r.shape and _matches(r, weighted_sum) and not _matches(r, e):
         return [
-            "received Σ_p T_p·m_p, the count-weighted sum: divide it by the global count "
-            f"ΣT = {counts.sum():g}"
+            "received Σ_p T_p·m_p, the count-weighted sum: a sum over all the tokens, "
+            f"ΣT = {counts.sum():g} times their mean"
         ]
     return []
 
