@@ -46,8 +46,8 @@ ANSWERS = {
     r"vocabulary[- ]parallel",
     "sharded ex2: the sum over ranks of the shared key and value": r"multi-query|shared key|"
     r"copy_to_ranks\(x @ w[kv]",
-    "sharded ex3: the collectives written by hand, the norm weight's gradient": r"gather_sequence|"
-    r"scatter_sequence|sp_region|norm weight|\\bar\\gamma",
+    "sharded ex3: the collectives written by hand, the biases' gradients": r"gather_sequence|"
+    r"scatter_sequence|sp_region|bias(es)? .{0,60}(sequence|tokens).{0,60}all-reduc",
     "training ex1: the bucketed, hooked all-reduce of gradients": r"BucketedDataParallel|"
     r"register_post_accumulate_grad_hook|finish_gradient_synchronization",
     "training ex2: Adam's moments sharded by hand (ZeRO-1)": r"ZeroAdam|exp_avg_sq|torch\.optim",
