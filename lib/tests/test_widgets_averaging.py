@@ -208,9 +208,7 @@ def test_the_table_from_the_ranks_shows_what_the_ranks_returned():
     assert (
         averaging_markdown(result)
         .split("\n\n")[1]
-        .startswith(
-            "Both ranks hold 5.5 after the all-reduce, bit for bit. Unequal shards (3, 1)"
-        )
+        .startswith("Both ranks hold 5.5 after the all-reduce, bit for bit. Unequal shards (3, 1)")
     )
     # A number the ranks did not compute is what the table shows: nothing is recomputed.
     other = averaging_result_from_ranks(shards, [1.0, 2.0], [1.5, 1.5], 4.25, 1.0)
