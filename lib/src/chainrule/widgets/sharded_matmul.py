@@ -54,6 +54,11 @@ PLACEMENT_CHOICES = ("Replicate()", "Shard(0)", "Shard(1)", "Partial()")
 THEN_CHOICES = ("as computed", "Replicate()", "Shard(0)", "Shard(1)")
 
 
+def pass_bytes(communication: list[tuple[str, str, str, float]], name: str) -> float:
+    """Bytes per rank of the rows ``(pass, collective, on, bytes)`` of one pass."""
+    return sum(b for p, _, _, b in communication if p == name)
+
+
 @dataclass(frozen=True)
 class MatmulCase:
     """One choice of placements, planned, costed and run.
@@ -78,11 +83,11 @@ class MatmulCase:
 
     @property
     def bytes_forward(self) -> float:
-        return sum(b for p, _, _, b in self.communication if p == "forward")
+        return pass_bytes(self.communication, "forward")
 
     @property
     def bytes_backward(self) -> float:
-        return sum(b for p, _, _, b in self.communication if p == "backward")
+        return pass_bytes(self.communication, "backward")
 
     remedies: tuple[Remedy, Remedy] | None = None
     """Case 2 only: the gather and the reduction, costed and run (:func:`case_two_remedies`)."""
@@ -111,11 +116,11 @@ class Remedy:
 
     @property
     def bytes_forward(self) -> float:
-        return sum(b for p, _, _, b in self.communication if p == "forward")
+        return pass_bytes(self.communication, "forward")
 
     @property
     def bytes_backward(self) -> float:
-        return sum(b for p, _, _, b in self.communication if p == "backward")
+        return pass_bytes(self.communication, "backward")
 
     @property
     def bytes_per_step(self) -> float:
