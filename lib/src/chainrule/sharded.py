@@ -226,8 +226,8 @@ MatmulCase = Literal["local", "all-gather first", "partial sums", "invalid"]
 CASE_TEXT: dict[str, str] = {
     "local": "no operand is sharded along the contracting dimension J: each rank multiplies "
     "what it holds",
-    "all-gather first": "one operand is sharded along J and the other is not: gather it, then "
-    "multiply locally",
+    "all-gather first": "one operand is sharded along J and the other is not: gather it and "
+    "multiply locally, or slice the other along J too and reduce the partial sums",
     "partial sums": "both operands are sharded along J: each rank's product is one addend of "
     "the sum over J, a Partial result",
     "invalid": "the result would be sharded along two dimensions over the same ranks (or is "

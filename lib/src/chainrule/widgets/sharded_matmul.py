@@ -387,7 +387,8 @@ def case_table(case: MatmulCase) -> str:
     """HTML: the case and why, C's placement, every collective with its bytes, what ran."""
     plan = case.plan
     I, J, K = case.sizes
-    head = f"<p><b>A {plan.a} · B {plan.b}: {plan.case}.</b> {plan.explanation}.<br>"
+    explanation = plan.explanation[:1].upper() + plan.explanation[1:]
+    head = f"<p><b>A {plan.a} · B {plan.b}: {plan.case}.</b> {explanation}.<br>"
     if not plan.valid:
         return head + f"<b>Remedy:</b> {plan.remedy}.</p>"
     fans = ", ".join(plan.fan_outs)
