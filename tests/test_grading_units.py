@@ -390,3 +390,80 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_hidden_test_stripper_takes_the_html_exporters_config_without_a_warning():
+    """nbconvert's HTML exporter configures ``NbConvertBase.display_data_priority`` for every
+    preprocessor it registers; a preprocessor whose trait is not configurable makes traitlets
+    log "Config option `display_data_priority` not recognized" in every feedback run (nbgrader's
+    own ClearHiddenTests does, the reference here)."""
+    import io
+    import logging
+
+    from nbconvert import HTMLExporter
+    from nbgrader.preprocessors import ClearHiddenTests
+
+    def warnings_of(preprocessor: type) -> str:
+        exporter = HTMLExporter()
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        exporter.log.addHandler(handler)
+        try:
+            exporter.register_preprocessor(preprocessor, enabled=True)
+        finally:
+            exporter.log.removeHandler(handler)
+        return stream.getvalue()
+
+    assert "display_data_priority" in warnings_of(ClearHiddenTests)
+    assert warnings_of(StripHiddenTests) == ""
+    exporter = HTMLExporter()
+    exporter.register_preprocessor(StripHiddenTests, enabled=True)
+    stripper = exporter._preprocessors[-1]
+    assert isinstance(stripper, StripHiddenTests)
+    assert stripper.display_data_priority == exporter.config.NbConvertBase.display_data_priority
+
+
+def test_a_student_autograde_creates_gets_names_and_names_set_by_hand_stay(tmp_path, monkeypatch):
+    """nbgrader's autograde adds a student with no names, which the formgrader lists as
+    "None, None": NameStudents names it after its account's full name, else its id."""
+    import pwd
+
+    from chainrule.grading import students
+    from nbgrader.api import Gradebook
+
+    accounts = {"alovelace": "Ada King Lovelace,,,", "root": "root"}
+
+    def getpwnam(name):
+        if name not in accounts:
+            raise KeyError(name)
+        return pwd.struct_passwd((name, "x", 1000, 1000, accounts[name], "/home", "/bin/sh"))
+
+    monkeypatch.setattr(students.pwd, "getpwnam", getpwnam)
+    assert students.student_names("alovelace") == ("Ada King", "Lovelace")
+    assert students.student_names("root") == ("", "root")  # one word: not a full name
+    assert students.student_names("s1234") == ("", "s1234")
+
+    db_url = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    with Gradebook(db_url) as gb:
+        for student_id in ("alovelace", "s1234"):
+            gb.add_student(student_id)
+        gb.add_student("named", first_name="Grace", last_name="Hopper")
+    for student_id in ("alovelace", "s1234", "named", "absent"):
+        resources = {"nbgrader": {"db_url": db_url, "student": student_id}}
+        nb = nbformat.v4.new_notebook()
+        assert students.NameStudents().preprocess(nb, resources) == (nb, resources)
+    with Gradebook(db_url) as gb:
+        names = {s.id: (s.first_name, s.last_name) for s in gb.students}
+    assert names == {
+        "alovelace": ("Ada King", "Lovelace"),
+        "s1234": ("", "s1234"),
+        "named": ("Grace", "Hopper"),
+    }
+
+
+def test_the_course_config_names_students_when_it_autogrades():
+    config = load_config(Path(__file__).resolve().parents[1])
+    sanitize = list(config.Autograde.sanitize_preprocessors)
+    assert sanitize.index("chainrule.grading.students.NameStudents") == (
+        sanitize.index("chainrule.grading.restore.RestoreCells") + 1
+    )

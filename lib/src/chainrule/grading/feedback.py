@@ -25,7 +25,7 @@ from pathlib import Path
 from nbconvert.exporters.exporter import ResourcesDict
 from nbformat import NotebookNode
 from nbgrader.preprocessors import NbGraderPreprocessor
-from traitlets import Unicode
+from traitlets import List, Unicode
 from traitlets.config import Config
 
 from chainrule.grading.hidden import BEGIN_HIDDEN, END_HIDDEN, split_hidden_tests
@@ -36,6 +36,17 @@ FEEDBACK_PREPROCESSORS = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+#: nbgrader's default order of output types (``NbGraderPreprocessor.display_data_priority``).
+DISPLAY_DATA_PRIORITY = (
+    "text/html",
+    "application/pdf",
+    "text/latex",
+    "image/svg+xml",
+    "image/png",
+    "image/jpeg",
+    "text/plain",
+)
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: A quoted source line in an IPython traceback: optional arrow, line number, code.
@@ -68,6 +79,12 @@ def scrub_traceback(traceback: Sequence[str], hidden_code: set[str]) -> list[str
 
 class StripHiddenTests(NbGraderPreprocessor):
     """Remove hidden test regions, and the traceback lines quoting them, from test cells."""
+
+    # nbconvert's HTML exporter configures ``NbConvertBase.display_data_priority`` for every
+    # preprocessor it runs; NbGraderPreprocessor redeclares the trait without ``config=True``, so
+    # traitlets would warn "Config option `display_data_priority` not recognized" on every
+    # feedback run. Declared configurable here, as nbgrader's own GetGrades does.
+    display_data_priority = List(list(DISPLAY_DATA_PRIORITY)).tag(config=True)
 
     begin_test_delimeter = Unicode(BEGIN_HIDDEN, help="Start of a hidden test region").tag(
         config=True
