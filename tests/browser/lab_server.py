@@ -30,7 +30,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COURSE_ITEMS = ("course", "source", "release", "nbgrader_config.py", "nbgrader_templates")
+COURSE_ITEMS = ("course", "source", "release", "nbgrader_config.py")
 
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
