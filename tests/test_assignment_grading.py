@@ -1,5 +1,4 @@
-"""Grading outcomes of every assignment (``assignment_fixtures.ASSIGNMENTS``), autograded in a
-temporary copy of the course, one batch per assignment.
+"""Grading outcomes of every assignment (``assignment_fixtures.ASSIGNMENTS``).
 
 Students, each a submission built from the assignment's release:
 
@@ -10,12 +9,18 @@ Students, each a submission built from the assignment's release:
 - ``wrong_1`` … ``wrong_k``: the i-th wrong fixture of every notebook, each losing points exactly
   on the test cells its fixture names. A student submits only the notebooks it has a variant of.
 
-Each assignment's students are graded in one batch with the course's pipeline
-(:func:`chainrule.grading.run_batch`, two workers, feedback and exports included); ``wrong_1`` is
-graded a second time to check that regrading gives the same scores. Every variant is also
-validated as a student would (the visible tests only): right ones pass, and every wrong one
-fails, except the few special-cased ones that only the hidden tests can catch, each listed with
-the reason.
+End to end, each assignment's ``instructor``, ``blank``, ``right_1``, ``wrong_1`` and
+``wrong_2`` are graded in one batch with the course's pipeline
+(:func:`chainrule.grading.run_batch`: sandboxed kernels, two workers, feedback and exports
+included), and ``wrong_1`` a second time, to check that regrading gives the same scores; their
+notebooks are also validated as a student would (the visible tests only, in a kernel).
+
+Every fixture's verdicts come from :mod:`judged_in_process`: the grader's own judge and
+Validate, with an IPython shell for the kernel, at the cost of the fixtures' code. That they
+are the verdicts of the pipeline is checked on the batch's students, notebook by notebook: the
+same cells lose points with the same errors, and Validate says the same. Right fixtures pass
+Validate; every wrong one fails it, except the few special-cased ones that only the hidden
+tests can catch, each listed with the reason.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import pytest
 from assignment_fixtures import ASSIGNMENTS, REPO, validate_many
 from chainrule.grading.config import load_config
 from chainrule.grading.hidden import split_hidden_tests
+from judged_in_process import judge_many
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
@@ -49,6 +55,11 @@ def _students(assignment, group, prefix):
 
 WRONG_STUDENTS = {a.name: _students(a, WRONG, "wrong") for a in ASSIGNMENTS}
 RIGHT_STUDENTS = {a.name: _students(a, RIGHT, "right") for a in ASSIGNMENTS}
+#: The students graded end to end: every kind, two of the wrong ones.
+BATCH_STUDENTS = {
+    a.name: ["instructor", "blank", *RIGHT_STUDENTS[a.name][:1], *WRONG_STUDENTS[a.name][:2]]
+    for a in ASSIGNMENTS
+}
 
 
 def _ids(key):
@@ -71,31 +82,37 @@ def _student_of(variant):
     return WRONG_STUDENTS[variant.assignment][WRONG[key].index(variant)]
 
 
-def _grade(assignment, tmp_path_factory):
-    """The course copy with every student's submission of ``assignment`` autograded once."""
-    course = assignment.make_course(tmp_path_factory.mktemp(assignment.name))
+def _submission_of(assignment, student):
+    """The notebooks ``student`` hands in: ``{notebook: its cells}`` (``None`` for the
+    release as handed out), only those the student has a variant of."""
     notebooks = assignment.notebooks
-    build = assignment.build_submission
-    assignment.write_submission(course, "instructor", {n: build(n) for n in notebooks})
-    blank = {n: build(n, instructor=False) for n in notebooks}
-    assignment.write_submission(course, "blank", blank)
-    for group, students in (
-        (WRONG, WRONG_STUDENTS[assignment.name]),
-        (RIGHT, RIGHT_STUDENTS[assignment.name]),
-    ):
-        for i, student in enumerate(students):
-            submitted = {  # only the notebooks this student has a variant of
-                name: build(name, group[(assignment.name, name)][i].cells)
-                for name in notebooks
-                if i < len(group[(assignment.name, name)])
-            }
-            assignment.write_submission(course, student, submitted)
-    students = [
-        "instructor",
-        "blank",
-        *RIGHT_STUDENTS[assignment.name],
-        *WRONG_STUDENTS[assignment.name],
-    ]
+    if student == "instructor":
+        return {n: {} for n in notebooks}
+    if student == "blank":
+        return {n: None for n in notebooks}
+    prefix, number = student.rsplit("_", 1)
+    group, i = (RIGHT if prefix == "right" else WRONG), int(number) - 1
+    return {
+        n: group[(assignment.name, n)][i].cells
+        for n in notebooks
+        if i < len(group[(assignment.name, n)])
+    }
+
+
+def _build(assignment, notebook, cells, written=False):
+    if cells is None:
+        return assignment.build_submission(notebook, instructor=False, written=written)
+    return assignment.build_submission(notebook, cells, written=written)
+
+
+def _grade(assignment, tmp_path_factory):
+    """The course copy with the batch's students of ``assignment`` autograded once."""
+    course = assignment.make_course(tmp_path_factory.mktemp(assignment.name))
+    students = BATCH_STUDENTS[assignment.name]
+    for student in students:
+        submitted = _submission_of(assignment, student)
+        notebooks = {n: _build(assignment, n, cells) for n, cells in submitted.items()}
+        assignment.write_submission(course, student, notebooks)
     result = assignment.grade_batch(course, students, feedback=True)
     with result.summary_csv.open() as handle:  # read now: a regrade rewrites the exports
         exports = {
@@ -127,8 +144,7 @@ def graded(request, graded_courses):
 def test_every_notebook_of_every_submission_is_graded(graded):
     assignment, _, outcomes, _ = graded
     name = assignment.name
-    expected = ["instructor", "blank", *RIGHT_STUDENTS[name], *WRONG_STUDENTS[name]]
-    assert sorted(outcomes) == sorted(expected)
+    assert sorted(outcomes) == sorted(BATCH_STUDENTS[name])
     for outcome in outcomes.values():
         statuses = {nb.name: nb.status for nb in outcome.notebooks if nb.submitted}
         assert set(statuses.values()) == {"graded"}, outcome.student
@@ -169,94 +185,174 @@ def test_blank_release_gets_nothing_and_every_test_cell_fails(graded_courses, ke
             assert cell.error is not None, f"{cell.grade_id} passes on the blank notebook"
 
 
+# -- every fixture, judged in-process ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def judged(tmp_path_factory):
+    """Every variant of every notebook (and the instructor's solutions, and the release),
+    graded and validated by :mod:`judged_in_process`, each assignment against a gradebook of
+    its own: ``judged[(assignment, notebook, name, mode)]`` is a ``Verdict``, ``name`` a
+    variant's, ``"instructor"`` or ``"blank"``, ``mode`` ``"grade"`` or ``"validate"``."""
+    keys, jobs = [], []
+    for assignment in ASSIGNMENTS:
+        course = assignment.make_course(tmp_path_factory.mktemp(f"judged-{assignment.name}"))
+        for notebook in assignment.notebooks:
+            cases = {"instructor": {}, "blank": None}
+            cases.update({v.name: v.cells for v in VARIANTS[(assignment.name, notebook)].values()})
+            for name, cells in cases.items():
+                for mode in ("grade", "validate"):
+                    keys.append((assignment.name, notebook, name, mode))
+                    jobs.append((course, (assignment.name, notebook, cells, mode)))
+    verdicts = judge_many(jobs)
+    return dict(zip(keys, verdicts, strict=True))
+
+
+def _losing(verdict):
+    return {cell for cell, error in verdict.errors.items() if error is not None}
+
+
 @pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in WRONG[key]], ids=_variant_id)
-def test_wrong_solution_loses_points_exactly_where_expected(graded_courses, variant):
-    assignment = BY_NAME[variant.assignment]
-    course = graded_courses(assignment.name)[0]
-    cells = _autograded(assignment, course, _student_of(variant), variant.notebook)
-    losing = {c.grade_id for c in cells.values() if c.score < c.max_score}
-    assert losing == set(variant.loses), _report(cells)
-    for cell_id in losing:
-        assert cells[cell_id].error, f"{cell_id} lost points without an error message"
+def test_wrong_solution_loses_points_exactly_where_expected(judged, variant):
+    verdict = judged[(variant.assignment, variant.notebook, variant.name, "grade")]
+    assert verdict.not_as_written == []
+    losing = _losing(verdict)
+    assert losing == set(variant.loses), verdict.errors
     if variant.message:
-        assert any(variant.message in cells[c].error for c in losing), _report(cells)
+        assert any(variant.message in verdict.errors[c] for c in losing), verdict.errors
 
 
 @pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in RIGHT[key]], ids=_variant_id)
-def test_alternative_correct_solution_gets_every_autograded_point(graded_courses, variant):
-    assignment = BY_NAME[variant.assignment]
-    course = graded_courses(assignment.name)[0]
-    cells = _autograded(assignment, course, _student_of(variant), variant.notebook)
-    assert all(c.score == c.max_score for c in cells.values()), _report(cells)
+def test_alternative_correct_solution_gets_every_autograded_point(judged, variant):
+    verdict = judged[(variant.assignment, variant.notebook, variant.name, "grade")]
+    assert verdict.not_as_written == [] and _losing(verdict) == set(), verdict.errors
+
+
+@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
+def test_the_instructor_and_the_release_in_process(judged, key):
+    instructor = judged[(*key, "instructor", "grade")]
+    blank = judged[(*key, "blank", "grade")]
+    assert sorted(instructor.errors) == sorted(BY_NAME[key[0]].graded_test_ids(key[1]))
+    assert _losing(instructor) == set() and instructor.not_as_written == [], instructor.errors
+    assert _losing(blank) == set(blank.errors), blank.errors
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=str)
+def test_no_verdict_shows_hidden_test_source(judged, assignment):
+    """The errors of every fixture, as its feedback would show them, quote no line of the
+    hidden tests (``test_feedback_shows_no_hidden_test_source`` reads the batch's pages)."""
+    hidden = hidden_lines(assignment)
+    for key, verdict in judged.items():
+        if key[0] != assignment.name or key[3] != "grade":
+            continue
+        variant = VARIANTS[(key[0], key[1])].get(key[2])
+        submitted = "\n".join(variant.cells.values()) if variant else ""
+        shown = "\n".join(e for e in verdict.errors.values() if e)
+        leaked = [line for line in hidden if line in shown and line not in submitted]
+        assert leaked == [], (key, leaked[:3])
+
+
+def _batch_verdicts(assignment, course, student, notebook):
+    cells = _autograded(assignment, course, student, notebook)
+    return {c.grade_id: c.error if c.score < c.max_score else None for c in cells.values()}
+
+
+def _judged_name(assignment, student, notebook):
+    """The name :func:`judged` knows ``student``'s ``notebook`` by (``None``: not handed in)."""
+    if student in ("instructor", "blank"):
+        return student
+    cells = _submission_of(assignment, student).get(notebook)
+    if cells is None:
+        return None
+    (variant,) = [v for v in VARIANTS[(assignment.name, notebook)].values() if v.cells is cells]
+    return variant.name
+
+
+def test_the_batch_and_the_in_process_judge_give_the_same_verdicts(graded, judged):
+    """For every notebook of the batch's students: the same test cells lose points, with the
+    same errors, graded end to end and in-process."""
+    assignment, course, _, _ = graded
+    for student in BATCH_STUDENTS[assignment.name]:
+        for notebook in assignment.notebooks:
+            name = _judged_name(assignment, student, notebook)
+            if name is None:
+                continue
+            batch = _batch_verdicts(assignment, course, student, notebook)
+            in_process = judged[(assignment.name, notebook, name, "grade")].errors
+            assert batch.keys() == in_process.keys(), (student, notebook)
+            for cell, error in batch.items():
+                assert (error is None) == (in_process[cell] is None), (student, cell, error)
+                assert error == in_process[cell], (student, notebook, cell)
+
+
+# -- Validate ------------------------------------------------------------------------------------
 
 
 def _validate(assignment, folder):
-    """Validate (the visible tests only, in the student's kernel) on every variant of every
-    notebook of ``assignment``, and on the instructor's solutions with the written answers
-    filled in: ``{(assignment, notebook, variant): (exit code, report)}``."""
+    """Validate (the visible tests only, in the student's kernel) on every notebook of the
+    batch's students, written answers filled in: ``{(notebook, student): (exit code,
+    report)}``."""
     shutil.copy2(REPO / "nbgrader_config.py", folder / "nbgrader_config.py")
     paths = {}
-    for name in assignment.notebooks:
-        variants = {
-            "instructor": {},
-            **{v.name: v.cells for v in VARIANTS[(assignment.name, name)].values()},
-        }
-        for variant, cells in variants.items():
-            path = folder / f"{assignment.name}__{name}__{variant}.ipynb"
-            nbformat.write(assignment.build_submission(name, cells, written=True), path)
-            paths[(assignment.name, name, variant)] = path
+    for student in BATCH_STUDENTS[assignment.name]:
+        for name, cells in _submission_of(assignment, student).items():
+            path = folder / f"{assignment.name}__{name}__{student}.ipynb"
+            nbformat.write(_build(assignment, name, cells, written=True), path)
+            paths[(name, student)] = path
     results = validate_many(folder, paths.values())
     return {key: results[path] for key, path in paths.items()}
 
 
-@pytest.fixture(scope="session")  # graded once per process, whichever test asks first
-def validated(tmp_path_factory):
-    """Each assignment validated on first use: ``validated(name)[(name, notebook, variant)]``
-    is (exit code, report)."""
-    done = {}
-
-    def get(name):
-        if name not in done:
-            done[name] = _validate(BY_NAME[name], tmp_path_factory.mktemp(f"validate-{name}"))
-        return done[name]
-
-    return get
+@pytest.fixture(scope="module", params=[a.name for a in ASSIGNMENTS])
+def validated(request, tmp_path_factory):
+    """The batch's students validated, one assignment at a time."""
+    assignment = BY_NAME[request.param]
+    return assignment, _validate(assignment, tmp_path_factory.mktemp(f"validate-{request.param}"))
 
 
-@pytest.mark.parametrize("key", NOTEBOOKS, ids=_ids)
-def test_instructor_solution_passes_validate(validated, key):
+def test_instructor_solution_passes_validate(validated):
     """What a student with the instructor's answers sees on pressing Validate: success, so no
     visible test depends on code that only the hidden tests define."""
-    code, report = validated(key[0])[(*key, "instructor")]
-    assert code == 0, report[-3000:]
+    assignment, results = validated
+    for notebook in assignment.notebooks:
+        code, report = results[(notebook, "instructor")]
+        assert code == 0, (notebook, report[-3000:])
+        assert results[(notebook, "blank")][0] == 1, notebook
+
+
+def test_validate_in_a_kernel_and_in_process_agree(validated, judged):
+    assignment, results = validated
+    for (notebook, student), (code, report) in results.items():
+        name = _judged_name(assignment, student, notebook)
+        verdict = judged[(assignment.name, notebook, name, "validate")]
+        assert verdict.failed == (code == 1), (notebook, student, report[-2000:])
+        if code == 1:
+            assert "VALIDATION FAILED" in report
 
 
 @pytest.mark.parametrize(
     "variant", [v for key in NOTEBOOKS for v in VARIANTS[key].values()], ids=_variant_id
 )
-def test_validate_says_what_grading_will(validated, variant):
+def test_validate_says_what_grading_will(judged, variant):
     """Right solutions pass Validate; every wrong one fails it, unless only a hard-coded or
     special-cased solution gets past the visible tests (``hidden_only`` says why)."""
-    code, report = validated(variant.assignment)[
-        (variant.assignment, variant.notebook, variant.name)
-    ]
+    verdict = judged[(variant.assignment, variant.notebook, variant.name, "validate")]
     if variant.is_right or variant.hidden_only:
-        assert code == 0, report[-3000:]
+        assert not verdict.failed, verdict.errors
     else:
-        assert code == 1, report[-3000:]
-        assert "VALIDATION FAILED" in report
+        assert verdict.failed, verdict.errors
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS, ids=str)
-def test_the_wrong_solutions_only_the_hidden_tests_catch(validated, assignment):
+def test_the_wrong_solutions_only_the_hidden_tests_catch(judged, assignment):
     """Per exercise, which wrong solutions pass Validate and why: special-cased ones only."""
     notebooks = [(assignment.name, name) for name in assignment.notebooks]
-    results = validated(assignment.name)
     listing = {
         key: {v.name: v.hidden_only for v in WRONG[key] if v.hidden_only} for key in notebooks
     }
     passing = {
-        key: {v.name for v in WRONG[key] if results[(*key, v.name)][0] == 0} for key in notebooks
+        key: {v.name for v in WRONG[key] if not judged[(*key, v.name, "validate")].failed}
+        for key in notebooks
     }
     assert {key: set(v) for key, v in listing.items()} == passing, listing
     for key, reasons in listing.items():

@@ -214,9 +214,21 @@ class JudgedExecute(ValidatingExecute):
     def preprocess(self, nb: NotebookNode, resources: Any = None, km: Any = None) -> Any:
         """Grade one notebook: a fresh home, a kernel forked in the sandbox, the judge."""
         info = (resources or {}).get("nbgrader", {})
-        self._trusted = trusted_cells(
-            info["db_url"], self._course_id(), info["assignment"], info["notebook"]
+        self.prepare(
+            nb,
+            trusted_cells(info["db_url"], self._course_id(), info["assignment"], info["notebook"]),
         )
+        self.sandbox.fresh_home(self.notebook_name)
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            self.finish()
+
+    def prepare(self, nb: NotebookNode, trusted: dict[str, Any]) -> None:
+        """Before the first cell: the instructor's cells (``trusted``, as
+        :func:`trusted_cells` gives them), the student's cells and where they reach into the
+        grader, and the judge."""
+        self._trusted = trusted
         roles = [self._role(cell) for cell in nb.cells]
         student = [
             StudentCell(cell_label(cell, i), cell.source)
@@ -231,12 +243,11 @@ class JudgedExecute(ValidatingExecute):
         ]
         self._kernel_dead: str | None = None
         self.judge = Judge(self._request, student)
-        self.sandbox.fresh_home(self.notebook_name)
-        try:
-            return super().preprocess(nb, resources, km)
-        finally:
-            self.report.not_as_written += self.judge.failures
-            self.report.kernel_died = self._kernel_dead
+
+    def finish(self) -> None:
+        """After the last cell: what kept tests from running as written goes to the report."""
+        self.report.not_as_written += self.judge.failures
+        self.report.kernel_died = self._kernel_dead
 
     def start_new_kernel(self, **kwargs: Any) -> None:
         """Start the kernel (timed)."""

@@ -1,0 +1,210 @@
+"""The fixtures' verdicts at the cost of their code: the grader's judge and Validate, in-process.
+
+The course's grader runs each notebook in a kernel forked in the student's sandbox, behind
+nbgrader (``test_assignment_grading`` keeps one such batch per assignment, with every kind of
+student). What a wrong or right fixture checks is narrower: the verdict of each test cell, and
+what Validate says. This module gives both without a kernel, a sandbox or nbgrader's steps, by
+the same code the grader runs:
+
+- grading is :class:`chainrule.grading.execute.JudgedExecute` itself (the cells' roles, the
+  judge, the verdicts, the problems of earlier cells), with the instructor's cells read from a
+  real gradebook (:func:`chainrule.grading.execute.trusted_cells`);
+- validating is :class:`chainrule.grading.execute.ValidatingExecute`, and a notebook fails
+  Validate when one of its test cells ends with an error, as nbgrader's Validator decides;
+- the kernel is an IPython shell in a worker process (:class:`ShellKernel`), reset between
+  notebooks, so that torch, the course library and the gloo pools of ``chainrule.dist.run``
+  are started once per worker instead of once per notebook.
+
+Only the kernel differs from grading, so ``test_assignment_grading`` checks that the batch and
+this module give the same verdicts for the batch's students.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from assignment_fixtures import ASSIGNMENTS, COURSE_ID, grading_env, is_test
+
+BY_NAME = {a.name: a for a in ASSIGNMENTS}
+
+#: Seconds a notebook may run in a worker before its current cell is interrupted (fixtures are
+#: ours and quick; this only keeps a mistake in one from hanging the suite).
+NOTEBOOK_LIMIT = 120
+
+
+class ShellKernel:
+    """An IPython shell in this process, answering as a kernel would: each run returns the
+    Jupyter outputs (streams, displays, the result, the error) and the execution count."""
+
+    def __init__(self) -> None:
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+
+        config = Config()
+        config.HistoryManager.enabled = False
+        self.shell = InteractiveShell.instance(config=config)
+
+    def fresh(self) -> None:
+        """Forget the last notebook: its names, its counts, its cells."""
+        self.shell.reset(new_session=True)
+        self.shell.execution_count = 1
+
+    def run(self, source: str, store_history: bool) -> tuple[list[dict[str, Any]], int | None]:
+        from IPython.utils.capture import capture_output
+
+        with capture_output(stdout=True, stderr=True, display=True) as captured:
+            result = self.shell.run_cell(source, store_history=store_history)
+        outputs: list[dict[str, Any]] = []
+        for name, text in (("stdout", captured.stdout), ("stderr", captured.stderr)):
+            if text:
+                outputs.append({"output_type": "stream", "name": name, "text": text})
+        for shown in captured.outputs:
+            outputs.append(
+                {"output_type": "display_data", "data": shown.data, "metadata": shown.metadata}
+            )
+        error = result.error_before_exec or result.error_in_exec
+        if error is not None:
+            outputs.append(
+                {
+                    "output_type": "error",
+                    "ename": type(error).__name__,
+                    "evalue": str(error),
+                    "traceback": traceback.format_exception(error),
+                }
+            )
+        return outputs, result.execution_count if store_history else None
+
+
+class _InProcess:
+    """What an nbclient-driven Execute does with its kernel, done with a :class:`ShellKernel`:
+    every cell in order, each through ``preprocess_cell`` (the grader's own roles and
+    verdicts), without starting anything."""
+
+    kernel: ShellKernel
+
+    def execute_cell(
+        self, cell: Any, cell_index: int, execution_count: int | None = None, **kwargs: Any
+    ) -> Any:
+        from nbformat import NotebookNode
+
+        outputs, count = self.kernel.run(cell.source, kwargs.get("store_history", True))
+        cell.outputs = [NotebookNode(output) for output in outputs]
+        cell.execution_count = count
+        return cell
+
+    def run_cells(self, nb: Any, resources: dict[str, Any]) -> None:
+        from chainrule.grading.execute import EarlierProblems
+
+        self.nb, self.resources = nb, resources
+        self._earlier, self._ran = EarlierProblems(), {}
+        for index, cell in enumerate(nb.cells):
+            self.preprocess_cell(cell, resources, index)  # type: ignore[attr-defined]
+
+
+def _executors() -> tuple[type, type]:
+    from chainrule.grading.execute import JudgedExecute, ValidatingExecute
+
+    class InProcessJudgedExecute(_InProcess, JudgedExecute):
+        def __init__(self, kernel: ShellKernel, notebook: str, **kwargs: Any) -> None:
+            super().__init__(None, notebook, **kwargs)
+            self.kernel = kernel
+
+    class InProcessValidatingExecute(_InProcess, ValidatingExecute):
+        def __init__(self, kernel: ShellKernel, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.kernel = kernel
+
+    return InProcessJudgedExecute, InProcessValidatingExecute
+
+
+# -- a worker ------------------------------------------------------------------------------------
+
+_KERNEL: list[ShellKernel] = []
+_TRUSTED: dict[tuple[str, str, str], dict] = {}
+
+
+def _start_worker() -> None:
+    os.environ.update(grading_env())
+    os.environ["MPLBACKEND"] = "Agg"
+    _KERNEL.append(ShellKernel())
+
+
+def _interrupt(*_: Any) -> None:
+    raise TimeoutError(f"the notebook ran past {NOTEBOOK_LIMIT} s in the in-process judge")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What one notebook got: the error of each test cell (``None`` where it passed), what
+    kept tests from running as written, and, for Validate, whether it failed."""
+
+    errors: dict[str, str | None]
+    not_as_written: list[str]
+    failed: bool
+
+
+def _errors(nb: Any) -> dict[str, str | None]:
+    from assignment_fixtures import grade_id
+
+    errors: dict[str, str | None] = {}
+    for cell in nb.cells:
+        if is_test(cell):
+            found = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+            errors[grade_id(cell)] = f"{found[0]['ename']}: {found[0]['evalue']}" if found else None
+    return errors
+
+
+def judge_one(course: str, assignment: str, notebook: str, cells: dict | None, mode: str):
+    """One notebook of ``assignment`` graded (``mode="grade"``) or validated
+    (``mode="validate"``): the instructor's solutions with ``cells`` in place of some, or the
+    release as handed out (``cells=None``)."""
+    from chainrule.grading.config import load_config
+    from chainrule.grading.execute import trusted_cells
+
+    kernel = _KERNEL[0]
+    kernel.fresh()
+    spec = BY_NAME[assignment]
+    nb = spec.build_submission(notebook, cells or {}, instructor=cells is not None, written=True)
+    judged, validating = _executors()
+    config = load_config(Path(course))
+    signal.signal(signal.SIGALRM, _interrupt)
+    signal.alarm(NOTEBOOK_LIMIT)
+    try:
+        if mode == "grade":
+            key = (course, assignment, notebook)
+            if key not in _TRUSTED:
+                db_url = f"sqlite:///{Path(course) / 'gradebook.db'}"
+                _TRUSTED[key] = trusted_cells(db_url, COURSE_ID, assignment, notebook)
+            executor = judged(kernel, notebook, config=config)
+            executor.prepare(nb, _TRUSTED[key])
+            try:
+                executor.run_cells(nb, {})
+            finally:
+                executor.finish()
+            report = executor.report
+            return Verdict(_errors(nb), report.not_as_written, False)
+        executor = validating(kernel, config=config)
+        executor.run_cells(nb, {})
+        errors = _errors(nb)
+        return Verdict(errors, [], any(e is not None for e in errors.values()))
+    finally:
+        signal.alarm(0)
+
+
+def judge_many(jobs: Iterable[tuple[Path, tuple[str, str, dict | None, str]]], workers: int = 2):
+    """:func:`judge_one` of every ``(course, (assignment, notebook, cells, mode))``,
+    ``workers`` at a time, in processes that start torch, the library and their gloo pools once:
+    a list of :class:`Verdict`, in the order of ``jobs``."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker) as pool:
+        futures = [pool.submit(judge_one, str(course), *job) for course, job in jobs]
+        return [future.result() for future in futures]
