@@ -257,6 +257,7 @@ SHARDED = Assignment("sharded")
 TRAINING = Assignment("training")
 ASSIGNMENTS = (CHECK_YOURSELF, SHARDED, TRAINING)
 """Every assignment of the course, in the order of the lessons they follow."""
+BY_NAME = {a.name: a for a in ASSIGNMENTS}
 
 
 # -- a temporary course --------------------------------------------------------------------------

@@ -30,9 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assignment_fixtures import ASSIGNMENTS, COURSE_ID, grading_env, is_test
-
-BY_NAME = {a.name: a for a in ASSIGNMENTS}
+from assignment_fixtures import BY_NAME, COURSE_ID, grade_id, grading_env, is_test
+from chainrule.grading.config import load_config
+from chainrule.grading.execute import (
+    EarlierProblems,
+    JudgedExecute,
+    ValidatingExecute,
+    trusted_cells,
+)
+from nbformat import NotebookNode
 
 #: Seconds a notebook may run in a worker before its current cell is interrupted (fixtures are
 #: ours and quick; this only keeps a mistake in one from hanging the suite).
@@ -54,7 +60,6 @@ class ShellKernel:
     def fresh(self) -> None:
         """Forget the last notebook: its names, its counts, its cells."""
         self.shell.reset(new_session=True)
-        self.shell.execution_count = 1
 
     def run(self, source: str, store_history: bool) -> tuple[list[dict[str, Any]], int | None]:
         from IPython.utils.capture import capture_output
@@ -92,42 +97,40 @@ class _InProcess:
     def execute_cell(
         self, cell: Any, cell_index: int, execution_count: int | None = None, **kwargs: Any
     ) -> Any:
-        from nbformat import NotebookNode
-
         outputs, count = self.kernel.run(cell.source, kwargs.get("store_history", True))
         cell.outputs = [NotebookNode(output) for output in outputs]
         cell.execution_count = count
         return cell
 
     def run_cells(self, nb: Any, resources: dict[str, Any]) -> None:
-        from chainrule.grading.execute import EarlierProblems
-
         self.nb, self.resources = nb, resources
         self._earlier, self._ran = EarlierProblems(), {}
         for index, cell in enumerate(nb.cells):
             self.preprocess_cell(cell, resources, index)  # type: ignore[attr-defined]
 
 
-def _executors() -> tuple[type, type]:
-    from chainrule.grading.execute import JudgedExecute, ValidatingExecute
+class InProcessJudgedExecute(_InProcess, JudgedExecute):
+    """The grader's Execute (:meth:`JudgedExecute.prepare`, then every cell, then
+    :meth:`JudgedExecute.finish`), its kernel a :class:`ShellKernel`."""
 
-    class InProcessJudgedExecute(_InProcess, JudgedExecute):
-        def __init__(self, kernel: ShellKernel, notebook: str, **kwargs: Any) -> None:
-            super().__init__(None, notebook, **kwargs)
-            self.kernel = kernel
+    def __init__(self, kernel: ShellKernel, notebook: str, **kwargs: Any) -> None:
+        super().__init__(None, notebook, **kwargs)
+        self.kernel = kernel
 
-    class InProcessValidatingExecute(_InProcess, ValidatingExecute):
-        def __init__(self, kernel: ShellKernel, **kwargs: Any) -> None:
-            super().__init__(**kwargs)
-            self.kernel = kernel
 
-    return InProcessJudgedExecute, InProcessValidatingExecute
+class InProcessValidatingExecute(_InProcess, ValidatingExecute):
+    """Validate's Execute, its kernel a :class:`ShellKernel`."""
+
+    def __init__(self, kernel: ShellKernel, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kernel = kernel
 
 
 # -- a worker ------------------------------------------------------------------------------------
 
 _KERNEL: list[ShellKernel] = []
-_TRUSTED: dict[tuple[str, str, str], dict] = {}
+_TRUSTED: dict[tuple[str, str, str], dict] = {}  # read from a course's gradebook once
+_CONFIG: dict[str, Any] = {}  # a course's nbgrader configuration, loaded once
 
 
 def _start_worker() -> None:
@@ -151,8 +154,6 @@ class Verdict:
 
 
 def _errors(nb: Any) -> dict[str, str | None]:
-    from assignment_fixtures import grade_id
-
     errors: dict[str, str | None] = {}
     for cell in nb.cells:
         if is_test(cell):
@@ -165,15 +166,13 @@ def judge_one(course: str, assignment: str, notebook: str, cells: dict | None, m
     """One notebook of ``assignment`` graded (``mode="grade"``) or validated
     (``mode="validate"``): the instructor's solutions with ``cells`` in place of some, or the
     release as handed out (``cells=None``)."""
-    from chainrule.grading.config import load_config
-    from chainrule.grading.execute import trusted_cells
-
     kernel = _KERNEL[0]
     kernel.fresh()
     spec = BY_NAME[assignment]
     nb = spec.build_submission(notebook, cells or {}, instructor=cells is not None, written=True)
-    judged, validating = _executors()
-    config = load_config(Path(course))
+    if course not in _CONFIG:
+        _CONFIG[course] = load_config(Path(course))
+    config = _CONFIG[course]
     signal.signal(signal.SIGALRM, _interrupt)
     signal.alarm(NOTEBOOK_LIMIT)
     try:
@@ -182,7 +181,7 @@ def judge_one(course: str, assignment: str, notebook: str, cells: dict | None, m
             if key not in _TRUSTED:
                 db_url = f"sqlite:///{Path(course) / 'gradebook.db'}"
                 _TRUSTED[key] = trusted_cells(db_url, COURSE_ID, assignment, notebook)
-            executor = judged(kernel, notebook, config=config)
+            executor = InProcessJudgedExecute(kernel, notebook, config=config)
             executor.prepare(nb, _TRUSTED[key])
             try:
                 executor.run_cells(nb, {})
@@ -190,7 +189,7 @@ def judge_one(course: str, assignment: str, notebook: str, cells: dict | None, m
                 executor.finish()
             report = executor.report
             return Verdict(_errors(nb), report.not_as_written, False)
-        executor = validating(kernel, config=config)
+        executor = InProcessValidatingExecute(kernel, config=config)
         executor.run_cells(nb, {})
         errors = _errors(nb)
         return Verdict(errors, [], any(e is not None for e in errors.values()))
