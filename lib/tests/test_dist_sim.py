@@ -20,6 +20,10 @@ from greenlet import greenlet
 WORLD_SIZES = range(1, 9)
 DTYPES = [np.float32, np.float64, np.int64]
 LARGE_BYTES = 1 << 21  # 2 MB a rank
+# Seconds within which a failure must end when the code it stops would run for 60 s or a
+# timeout of 20 s or more would otherwise end it: generous on a busy machine, and still far
+# from what it tells apart.
+PROMPTLY = 10.0
 REDUCTIONS = [  # AVG of integers is rejected (test_avg_of_integers_is_rejected)
     (op, dtype)
     for op in ("sum", "avg", "max")
@@ -181,7 +185,6 @@ def test_barrier_waits_for_every_rank(P):
     arrived: list[int] = []
 
     def fn():
-        time.sleep(0.01 * dist.rank())
         arrived.append(dist.rank())
         dist.barrier()
         return len(arrived)  # every rank sees all arrivals after the barrier
@@ -425,7 +428,7 @@ def run_failing(fn, P=4, error=dist.CollectiveError, **kwargs):
     with pytest.raises(error) as info:
         dist.run(fn, P, **kwargs)
     elapsed = time.monotonic() - start
-    assert elapsed < 3.0, f"took {elapsed:.1f} s to fail"
+    assert elapsed < PROMPTLY, f"took {elapsed:.1f} s to fail"
     assert rank_threads() == []
     assert live_greenlets() == []
     return str(info.value), info.value
@@ -477,8 +480,7 @@ def test_a_rank_that_returned_while_others_wait():
         for _ in range(3):
             dist.all_reduce(1.0)
         if dist.rank() == 2:
-            time.sleep(0.05)  # let the others arrive first
-            return
+            return  # the others go on to all_reduce #3
         dist.all_reduce(1.0)
 
     message, _ = run_failing(fn)
@@ -492,7 +494,6 @@ def test_a_rank_that_returned_before_the_others_arrive():
     def fn():
         if dist.rank() == 0:
             return None
-        time.sleep(0.05)
         return dist.all_reduce(1.0)
 
     message, _ = run_failing(fn, P=3)
@@ -535,7 +536,7 @@ def test_a_slow_rank_times_out_naming_the_missing_rank():
         "all_reduce #0 timed out after 0.2 s: ranks 0, 1, 3 arrived but rank 2 was still "
         "running its own code"
     )
-    assert time.monotonic() - start < 30  # the sleep was cut short, however busy the machine
+    assert time.monotonic() - start < PROMPTLY  # the sleep was cut short
 
 
 def test_a_rank_stuck_in_a_loop_is_interrupted():
@@ -565,11 +566,11 @@ def test_a_sleeping_rank_is_stopped_within_its_timeout_and_the_message_says_when
     start = time.monotonic()
     with pytest.raises(dist.CollectiveError) as info:
         world.run(first)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < PROMPTLY
     message = str(info.value)
     assert message.startswith("barrier #0 timed out after 0.2 s: rank 0 arrived but rank 1")
     seconds = float(re.search(r"stopped after ([0-9.]+) s", message).group(1))
-    assert 0.2 <= seconds < 5  # the real time the rank ran, not the sleep's 60 s
+    assert 0.2 <= seconds < PROMPTLY  # the real time the rank ran, not the sleep's 60 s
     assert live_greenlets() == []
 
     def second():
@@ -697,7 +698,7 @@ def test_ctrl_c_while_waiting_stops_every_rank():
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         dist.run(fn, 3, timeout=20)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < PROMPTLY
 
 
 # -- greenlets: one thread, per-rank state, immediate deadlock detection ----------------------
@@ -715,7 +716,7 @@ def test_a_rank_that_returned_is_detected_without_waiting_for_the_timeout():
 
     start = time.monotonic()
     message, _ = run_failing(fn, P=3, timeout=30.0)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < PROMPTLY  # not the timeout's 30 s
     assert message.startswith("ranks 0, 2 are waiting in all_reduce #0 but rank 1 has already")
 
 
@@ -807,10 +808,10 @@ def test_ctrl_c_ends_the_waiting_ranks_and_runs_their_cleanup():
 
 def test_the_timeout_bounds_each_ranks_own_code_not_the_whole_round():
     def fn():
-        time.sleep(0.3)  # the ranks run one after the other: 1.8 s in all, 0.3 s each
+        time.sleep(0.2)  # the ranks run one after the other: 1.6 s in all, 0.2 s each
         return dist.all_reduce(1.0)
 
-    assert dist.run(fn, 6, timeout=1.2) == [6.0] * 6
+    assert dist.run(fn, 8, timeout=1.0) == [8.0] * 8
 
 
 def test_no_timeout_once_every_other_rank_has_returned():
@@ -847,12 +848,12 @@ def test_torch_grad_mode_stays_per_rank_over_many_collectives():
 def test_the_timeout_restarts_for_each_rank():
     def fn():
         total = 0.0
-        for _ in range(3):
-            time.sleep(0.4)  # 1.2 s of each rank's own code in all, 0.4 s between collectives
+        for _ in range(6):
+            time.sleep(0.2)  # 1.2 s of each rank's own code in all, 0.2 s between collectives
             total += float(dist.all_reduce(1.0))
         return total
 
-    assert dist.run(fn, 2, timeout=1.0) == [6.0] * 2
+    assert dist.run(fn, 2, timeout=1.0) == [12.0] * 2
 
 
 def test_a_rank_stuck_after_a_few_collectives_is_interrupted():

@@ -21,6 +21,10 @@ from chainrule.dist import pool as pools
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
+# Seconds within which a failure must end (processes stopped, stacks read) when the code it
+# stops would run for 60 s: generous on a busy machine, and far from what it tells apart.
+PROMPTLY = 15.0
+
 pytestmark = pytest.mark.skipif(
     not dist.is_available("gloo"), reason="torch.distributed with gloo is not available"
 )
@@ -382,7 +386,7 @@ def test_an_exception_while_others_wait_is_a_rank_error_and_keeps_the_pool():
     start = time.monotonic()
     with pytest.raises(dist.RankError) as info:
         dist.run(fn, 2, backend="gloo")
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < PROMPTLY
     assert info.value.rank == 1 and "only on rank 1" in str(info.value)
     assert any("rank 0 did not finish" in note for note in info.value.__notes__)
     assert list(pools._pools[("gloo", 2)].pids) == pids  # the ranks ended together
@@ -419,7 +423,7 @@ def test_a_hang_times_out_naming_the_ranks_and_leaves_no_process():
     start = time.monotonic()
     with pytest.raises(dist.CollectiveError) as info:
         dist.run(fn, 2, backend="gloo", timeout=1.0)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < PROMPTLY
     message = str(info.value)
     line = fn.__code__.co_firstlineno + 2  # a function sent by value: its line is still found
     assert message.startswith(
@@ -454,7 +458,7 @@ def test_workers_end_with_the_process_that_started_them(tmp_path):
     assert done.returncode == 0, done.stderr
     pids = [int(pid) for pid in done.stdout.split()]
     assert len(pids) == 3  # the launcher and the two ranks
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PROMPTLY
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in pids)
