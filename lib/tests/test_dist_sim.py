@@ -424,6 +424,10 @@ def test_without_trace_nothing_is_recorded():
 
 
 def run_failing(fn, P=4, error=dist.CollectiveError, **kwargs):
+    """The failure of ``dist.run(fn, P)``, within :data:`PROMPTLY` seconds. Without a
+    ``timeout`` the run may wait 30 s, so a failure that is not detected but waited out fails
+    the bound (the default timeout of 5 s would be inside it)."""
+    kwargs.setdefault("timeout", 30.0)
     start = time.monotonic()
     with pytest.raises(error) as info:
         dist.run(fn, P, **kwargs)
