@@ -39,7 +39,7 @@ $(VENV)/.installed: Makefile requirements.txt requirements.lock lib/pyproject.to
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)" -r requirements.txt -c requirements.lock -e lib
 	@# Every kernel of this environment explains a NameError after a kernel restart.
 	mkdir -p $(VENV)/etc/ipython
-	echo 'c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]' > $(VENV)/etc/ipython/ipython_kernel_config.py
+	echo 'c.InteractiveShellApp.extensions = ["chainrule.course.restart_hint"]' > $(VENV)/etc/ipython/ipython_kernel_config.py
 	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter/nbgrader"
 	$(BIN)/jupyter labextension list 2>&1 | grep -q "@jupyter-widgets/jupyterlab-manager"
 	touch $@

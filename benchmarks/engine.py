@@ -44,7 +44,8 @@ def _chain_operands(kind: str, size: int, rng: np.random.Generator) -> tuple[np.
 
 def engine_chain(kind: str, x0: np.ndarray, w0: np.ndarray, n_ops: int) -> Callable[[], Any]:
     """One forward+backward of the chain in chainrule; returns the gradient of x."""
-    from chainrule import Tensor, ops
+    from chainrule import Tensor
+    from chainrule.engine import ops
 
     apply = ops.mul if kind == "mul" else ops.matmul
     w = Tensor(w0)
@@ -125,7 +126,9 @@ class EngineMLP:
     """The step in chainrule: ``chainrule.nn.Linear`` layers, ``ops.cross_entropy``, SGD."""
 
     def __init__(self, params: list[np.ndarray], x: np.ndarray, t: np.ndarray) -> None:
-        from chainrule import Tensor, nn, ops
+        from chainrule import Tensor
+        from chainrule.engine import layers as nn
+        from chainrule.engine import ops
 
         self._nn, self._ops = nn, ops
         width = params[0].shape[1]

@@ -107,7 +107,7 @@ def _raw_ops(td: Any, torch: Any, world: int) -> dict[str, Callable[[Any], Any]]
 
 def _check_values(dist: Any, td: Any, torch: Any) -> bool:
     """Wrapper, raw and differentiable all-reduce give the same sums and gradients."""
-    from chainrule.duality_torch import copy_to_ranks, reduce_from_ranks
+    from chainrule.parallel.duality_torch import copy_to_ranks, reduce_from_ranks
 
     P, r = td.get_world_size(), td.get_rank()
     x = torch.arange(8, dtype=torch.float32) + r
@@ -136,7 +136,7 @@ def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
     import torch
     import torch.distributed as td
     from chainrule import dist
-    from chainrule.duality_torch import copy_to_ranks, reduce_from_ranks
+    from chainrule.parallel.duality_torch import copy_to_ranks, reduce_from_ranks
 
     P = td.get_world_size()
     result: dict[str, Any] = {"agree": _check_values(dist, td, torch), "sizes": {}}

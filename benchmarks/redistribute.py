@@ -35,10 +35,11 @@ def _candidates(source: str, target: str, size: int) -> dict[str, Callable[[], N
     """The library's and DTensor's forward + backward redistribution of an S-byte tensor."""
     import numpy as np
     import torch
-    from chainrule import dist, sharded
-    from chainrule.placement import parse_placement
-    from chainrule.placement_dtensor import device_mesh, torch_placement
-    from chainrule.tensor import Tensor
+    from chainrule import dist
+    from chainrule.course.placement_dtensor import device_mesh, torch_placement
+    from chainrule.engine.tensor import Tensor
+    from chainrule.parallel import sharded
+    from chainrule.parallel.placement import parse_placement
     from torch.distributed import tensor as dtensor
 
     P, rank = dist.world_size(), dist.rank()
@@ -82,7 +83,7 @@ def spmd_measure(sizes: Sequence[int], repeat: int) -> dict[str, Any]:
 def collect(sizes: Sequence[int], repeat: int) -> list[Row]:
     """Rows for ``sizes`` (bytes) with ``repeat`` samples each, on a gloo pool of 2 workers."""
     from chainrule import dist
-    from chainrule.placement_dtensor import compare_with_dtensor
+    from chainrule.course.placement_dtensor import compare_with_dtensor
 
     try:
         agree = all(

@@ -35,7 +35,7 @@ TEXT = (
 
 
 def _training(dtype: str, steps: int, width: int) -> Any:
-    from chainrule import transformer as tf
+    from chainrule.parallel import transformer as tf
 
     chars = tf.vocabulary(TEXT)
     config = tf.Config(
@@ -54,7 +54,7 @@ def _seconds(fn: Any) -> tuple[float, Any]:
 def timed_grid(training: Any, dp: int, tp: int) -> tuple[float, list[float]]:
     """SPMD body: the seconds of a training run on this rank (between barriers), its curve."""
     from chainrule import dist
-    from chainrule import transformer as tf
+    from chainrule.parallel import transformer as tf
 
     dist.barrier()
     start = time.perf_counter()
@@ -66,7 +66,7 @@ def timed_grid(training: Any, dp: int, tp: int) -> tuple[float, list[float]]:
 def collect(steps: int, repeat: int, width: int = 32) -> list[Row]:
     """The capstone's rows: ``repeat`` alternating samples of ``steps``-step runs."""
     from chainrule import dist
-    from chainrule import transformer as tf
+    from chainrule.parallel import transformer as tf
 
     t64, t32 = _training("float64", steps, width), _training("float32", steps, width)
     samples: dict[str, list[float]] = {"one64": [], "sim": [], "one32": [], "gloo": []}

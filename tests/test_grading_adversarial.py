@@ -35,7 +35,8 @@ ESCAPE_MARK = f"chainrule-escape-{RUN_ID}"
 PWNED = Path(f"/tmp/judge-ran-student-code-{RUN_ID}")
 
 SETUP = (
-    "import numpy as np\n\nfrom chainrule import dist\nfrom chainrule.checks import expect_close"
+    "import numpy as np\n\nfrom chainrule import dist\n"
+    "from chainrule.course.checks import expect_close"
 )
 SCALE = (
     f"def scale(x, k):\n    {SOLUTION_MARK} = k\n    return {SOLUTION_MARK} * np.asarray(x, float)"
@@ -89,7 +90,7 @@ def adversarial_notebooks() -> dict[str, nbformat.NotebookNode]:
             _solution("spmd_sum", SPMD_SUM),
             _locked(
                 "helpers",
-                "from chainrule.checks import in_student_kernel\n\n\n"
+                "from chainrule.course.checks import in_student_kernel\n\n\n"
                 "@in_student_kernel\n"
                 "def run_sum(values, backend):\n"
                 "    return dist.run(lambda: spmd_sum(values[dist.rank()]), len(values), "
@@ -131,7 +132,7 @@ def attacks(root: Path) -> dict[str, dict]:
         "rebind": dict(
             scale="def scale(x, k):\n    return np.zeros(3)\n"
             "expect_close = lambda *a, **k: None\n"
-            "import chainrule.checks as checks\n"
+            "import chainrule.course.checks as checks\n"
             "checks.expect_close = lambda *a, **k: None\n"
             "checks._close = lambda *a, **k: True\n"
             "np.allclose = lambda *a, **k: True\n"

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chainrule import zero
+from chainrule.parallel import zero
 from notebook_runner import lesson, output_texts, run_lesson
 
 pytestmark = pytest.mark.slow
 
-SMALLEST_TEXT = "__import__('chainrule.widgets.live_widget', fromlist=['_']).smallest_text_px({})"
+SMALLEST_TEXT = (
+    "__import__('chainrule.course.widgets.live_widget', fromlist=['_']).smallest_text_px({})"
+)
 
 
 def test_lesson_13_zero_and_fully_sharded_data_parallelism():

@@ -12,7 +12,9 @@ from notebook_runner import lesson, output_texts, run_lesson
 
 pytestmark = pytest.mark.slow
 
-SMALLEST_TEXT = "__import__('chainrule.widgets.live_widget', fromlist=['_']).smallest_text_px({})"
+SMALLEST_TEXT = (
+    "__import__('chainrule.course.widgets.live_widget', fromlist=['_']).smallest_text_px({})"
+)
 
 # What the exercise on the backward of expert dispatch asks students to write: not on this page.
 EXERCISE_ONLY = r"autograd\.Function|input_split_sizes|output_split_sizes|duality_torch"

@@ -186,7 +186,7 @@ def test_lesson_6_gradient_accumulation():
 
 @pytest.mark.slow
 def test_lesson_7_duality_table():
-    from chainrule.duality import DUALITY_TABLE
+    from chainrule.parallel.duality import DUALITY_TABLE
 
     fetch = [
         "row_checks",

@@ -8,7 +8,9 @@ from notebook_runner import lesson, output_texts, run_lesson
 
 pytestmark = pytest.mark.slow
 
-SMALLEST_TEXT = "__import__('chainrule.widgets.live_widget', fromlist=['_']).smallest_text_px({})"
+SMALLEST_TEXT = (
+    "__import__('chainrule.course.widgets.live_widget', fromlist=['_']).smallest_text_px({})"
+)
 
 
 def _images(nb) -> int:
@@ -275,7 +277,7 @@ def test_lesson_12_communication_costs():
     nb, v = run_lesson(lesson(12), fetch)
     import statistics
 
-    from chainrule import comm_cost as cc
+    from chainrule.costs import comm_cost as cc
 
     markdown = "\n".join(output_texts(nb, "text/markdown"))
     factors = v["factors"]

@@ -31,7 +31,7 @@ def _sweep(widget):
     import json
     import re
 
-    from chainrule.widgets.live_widget import figure_png, smallest_text_px
+    from chainrule.course.widgets.live_widget import figure_png, smallest_text_px
 
     for name, control in widget.controls.items():
         if hasattr(control, "options"):

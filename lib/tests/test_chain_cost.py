@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from chainrule.chain_cost import (
+from chainrule.costs.chain_cost import (
     ChainTiming,
     crossover,
     forward_accumulate,

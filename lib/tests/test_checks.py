@@ -8,8 +8,8 @@ import types
 
 import numpy as np
 import pytest
-from chainrule import checks as fb
-from chainrule.tensor import Tensor
+from chainrule.course import checks as fb
+from chainrule.engine.tensor import Tensor
 
 RNG = np.random.default_rng(7)
 
@@ -241,7 +241,7 @@ def test_a_non_function_fails(fake_library):
 
 def test_own_vjp_is_recognised_on_the_graph(fake_library):
     cell = notebook_cell(
-        "from chainrule.tensor import Tensor\n"
+        "from chainrule.engine.tensor import Tensor\n"
         "def double(x):\n"
         "    def vjp(g):\n"
         "        return (2 * g,)\n"
@@ -251,7 +251,7 @@ def test_own_vjp_is_recognised_on_the_graph(fake_library):
     fb.expect_own_vjp(cell["double"](x) * 3.0, "double(x)", library=("fakelib",))
 
     library_cell = notebook_cell(
-        "from chainrule.tensor import Tensor\n"
+        "from chainrule.engine.tensor import Tensor\n"
         "def double(x):\n"
         "    def vjp(g):\n"
         "        return (2 * g,)\n"

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-from chainrule import comm_cost as cc
 from chainrule import dist
+from chainrule.costs import comm_cost as cc
 
 
 def test_ring_bytes_per_rank():

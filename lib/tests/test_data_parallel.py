@@ -2,8 +2,9 @@
 
 import numpy as np
 import pytest
-from chainrule import Tensor, dist, ops
-from chainrule.data_parallel import (
+from chainrule import Tensor, dist
+from chainrule.engine import ops
+from chainrule.parallel.data_parallel import (
     DataParallel,
     accumulate_gradients,
     average_gradients,
@@ -19,7 +20,7 @@ from chainrule.data_parallel import (
     unflatten_gradients,
     zeros_like_gradients,
 )
-from chainrule.tensor_parallel import init_mlp_weights, single_device_mlp
+from chainrule.parallel.tensor_parallel import init_mlp_weights, single_device_mlp
 
 TOL = 1e-12
 D_IN, HIDDEN, CLASSES = 4, 6, 3

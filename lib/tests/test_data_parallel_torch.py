@@ -7,8 +7,9 @@ Each test is one or two ``dist.run`` calls (the process pool is shared by the te
 import numpy as np
 import torch
 import torch.nn.functional as F
-from chainrule import Tensor, dist, ops
-from chainrule.data_parallel import (
+from chainrule import Tensor, dist
+from chainrule.engine import ops
+from chainrule.parallel.data_parallel import (
     accumulate_gradients,
     average_gradients,
     clip_grad_norm_global,
@@ -22,7 +23,7 @@ from chainrule.data_parallel import (
     unflatten_gradients,
     zeros_like_gradients,
 )
-from chainrule.tensor_parallel import init_mlp_weights, single_device_mlp
+from chainrule.parallel.tensor_parallel import init_mlp_weights, single_device_mlp
 
 D_IN, HIDDEN, CLASSES, ROWS, STEPS, LR = 4, 6, 3, 24, 10, 0.5
 MAX_NORM = 0.3

@@ -4,9 +4,10 @@ from functools import partial
 
 import numpy as np
 import pytest
-from chainrule import Tensor, as_tensor, dist, duality
-from chainrule.dist_adjoint import compare_with_single_process, distributed_adjoint_test
-from chainrule.duality import DUALITY_TABLE, PER_RANK, REPLICATED
+from chainrule import Tensor, as_tensor, dist
+from chainrule.parallel import duality
+from chainrule.parallel.dist_adjoint import compare_with_single_process, distributed_adjoint_test
+from chainrule.parallel.duality import DUALITY_TABLE, PER_RANK, REPLICATED
 
 WORLD_SIZES = (1, 2, 3, 4)
 TOL = 1e-12

@@ -9,9 +9,10 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from chainrule import dist, duality, duality_torch
-from chainrule.dist_adjoint import compare_with_single_process, distributed_adjoint_test
-from chainrule.duality import DUALITY_TABLE, PER_RANK
+from chainrule import dist
+from chainrule.parallel import duality, duality_torch
+from chainrule.parallel.dist_adjoint import compare_with_single_process, distributed_adjoint_test
+from chainrule.parallel.duality import DUALITY_TABLE, PER_RANK
 
 TOL = 1e-12
 FUNCTIONS = {

@@ -6,8 +6,8 @@ import chainrule as cr
 import numpy as np
 import pytest
 import torch
-from chainrule import ops
-from chainrule.tensor import Tensor, no_grad
+from chainrule.engine import ops
+from chainrule.engine.tensor import Tensor, no_grad
 
 # -- rule 1: fan-out becomes a sum --------------------------------------------------------------
 

@@ -4,9 +4,9 @@ gradient, and a dispatch whose backward is its adjoint (the transposed all-to-al
 import numpy as np
 import pytest
 from chainrule import Tensor, dist
-from chainrule import expert as ex
-from chainrule.comm_cost import event_bytes
-from chainrule.dist_adjoint import distributed_adjoint_test
+from chainrule.costs.comm_cost import event_bytes
+from chainrule.parallel import expert as ex
+from chainrule.parallel.dist_adjoint import distributed_adjoint_test
 
 D, HIDDEN, TOKENS = 4, 6, 10
 
@@ -129,7 +129,7 @@ def _dispatch_on_rank(x):
     logits = np.random.default_rng(dist.rank()).standard_normal((T, E)) + np.linspace(2, 0, E)
     routing = ex.route(logits, ex.expert_capacity(T, E, 1.0))
     buffer = ex.dispatch(x, routing)
-    from chainrule import duality
+    from chainrule.parallel import duality
 
     return duality.all_to_all_ranks(buffer, split_axis=0, concat_axis=1)
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from chainrule import ops
-from chainrule.gradcheck import adjoint_test, assert_adjoint, gradcheck, numerical_gradient
-from chainrule.tensor import Tensor
+from chainrule.engine import ops
+from chainrule.engine.gradcheck import adjoint_test, assert_adjoint, gradcheck, numerical_gradient
+from chainrule.engine.tensor import Tensor
 
 
 def wrong_vjp_double(x):

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 matplotlib.use("Agg")
 
-from chainrule import ops  # noqa: E402
-from chainrule.graph import (  # noqa: E402
+from chainrule.course.graph import (  # noqa: E402
     MIN_TEXT_PX,
     Graph,
     GraphDrawing,
@@ -21,7 +20,8 @@ from chainrule.graph import (  # noqa: E402
     node_gradients,
     to_dot,
 )
-from chainrule.tensor import Tensor  # noqa: E402
+from chainrule.engine import ops  # noqa: E402
+from chainrule.engine.tensor import Tensor  # noqa: E402
 
 
 @pytest.fixture
@@ -183,7 +183,7 @@ def test_a_node_sits_one_layer_after_its_latest_input(data_parallel_loss):
 
 def data_parallel_graph(world, seed=0):
     """The lessons' largest picture: θ copied to P ranks, a local loss each, one mean."""
-    from chainrule.widgets.distributed_graph import data_parallel_graph as build
+    from chainrule.course.widgets.distributed_graph import data_parallel_graph as build
 
     rng = np.random.default_rng(seed)
     shards = [(rng.standard_normal(3), rng.standard_normal(3)) for _ in range(world)]

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
-from chainrule.install_check import (
+from chainrule.course.install_check import (
     Check,
     GpuInfo,
     InstallReport,
@@ -83,7 +83,9 @@ def test_disabled_extensions_accepts_the_list_form_and_ignores_bad_files(tmp_pat
 
 
 def test_restart_hint_check_loaded_configured_or_missing(tmp_path):
-    shell = SimpleNamespace(extension_manager=SimpleNamespace(loaded={"chainrule.restart_hint"}))
+    shell = SimpleNamespace(
+        extension_manager=SimpleNamespace(loaded={"chainrule.course.restart_hint"})
+    )
     assert restart_hint_check(shell=shell, prefix=tmp_path).ok
 
     bare = SimpleNamespace(extension_manager=SimpleNamespace(loaded=set()))
@@ -92,7 +94,7 @@ def test_restart_hint_check_loaded_configured_or_missing(tmp_path):
     config = tmp_path / "etc" / "ipython"
     config.mkdir(parents=True)
     (config / "ipython_kernel_config.py").write_text(
-        'c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]\n'
+        'c.InteractiveShellApp.extensions = ["chainrule.course.restart_hint"]\n'
     )
     check = restart_hint_check(shell=bare, prefix=tmp_path)
     assert check.ok and "ipython_kernel_config.py" in check.detail
@@ -118,17 +120,19 @@ def test_backend_note_says_what_replaces_nccl():
 
 
 def test_problems_and_markdown_list_what_is_missing():
-    healthy = _report(imports=[Check("chainrule.ops", True)], extensions=[Check("x", True, "d")])
+    healthy = _report(
+        imports=[Check("chainrule.engine.ops", True)], extensions=[Check("x", True, "d")]
+    )
     assert healthy.ok and healthy.to_markdown().startswith("**Everything is installed.**")
     broken = _report(
         versions={"numpy": "2.0", "nbgrader": None},
-        imports=[Check("chainrule.graph", False, "ImportError: boom")],
+        imports=[Check("chainrule.course.graph", False, "ImportError: boom")],
         extensions=[Check("@jupyter/nbgrader", False, "not installed")],
     )
     assert not broken.ok
     assert broken.problems == [
         "package nbgrader is not installed",
-        "chainrule.graph failed: ImportError: boom",
+        "chainrule.course.graph failed: ImportError: boom",
         "@jupyter/nbgrader: not installed",
     ]
     text = broken.to_markdown()
@@ -140,6 +144,6 @@ def test_run_install_check_on_this_machine():
     assert report.versions["numpy"] == np.__version__
     assert "sim" in report.backends
     names = [c.name for c in report.imports]
-    assert "chainrule.ops" in names and "chainrule.dist.available_backends()" in names
+    assert "chainrule.engine.ops" in names and "chainrule.dist.available_backends()" in names
     assert {c.name for c in report.extensions} >= {"@jupyter/nbgrader", "kernel-restart hint"}
     assert report._repr_markdown_() == report.to_markdown()

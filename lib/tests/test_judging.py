@@ -12,7 +12,7 @@ import types
 
 import numpy as np
 import pytest
-from chainrule import checks
+from chainrule.course import checks
 from chainrule.judging import agent, wire
 from chainrule.judging.judge import (
     GraderCallFailed,
@@ -191,7 +191,7 @@ def test_a_timeout_is_the_students(kernel):
 def test_helpers_marked_for_the_kernel_run_there_with_the_students_names(kernel):
     judge = Judge(kernel.transport)
     source = (
-        "from chainrule.checks import in_student_kernel\n"
+        "from chainrule.course.checks import in_student_kernel\n"
         "OFFSET = 10\n"
         "@in_student_kernel\n"
         "def run(values):\n"
@@ -209,7 +209,7 @@ def test_no_code_of_a_test_cell_reaches_the_kernel(kernel):
     student's kernel, not as a helper, not as an argument; their data does."""
     judge = Judge(kernel.transport)
     helpers = (
-        "from chainrule.checks import in_student_kernel\n"
+        "from chainrule.course.checks import in_student_kernel\n"
         "@in_student_kernel\n"
         "def apply(f, x):\n"
         "    return f(x)\n"
@@ -223,7 +223,7 @@ def test_no_code_of_a_test_cell_reaches_the_kernel(kernel):
         "a lambda": "apply(lambda x: x - 7, 1)\n",
         "a class": "class Secret:\n    def __call__(self, x):\n        return x\n"
         "apply(Secret(), 1)\n",
-        "a helper": "from chainrule.checks import in_student_kernel\n"
+        "a helper": "from chainrule.course.checks import in_student_kernel\n"
         "@in_student_kernel\ndef hidden_helper():\n    return 1\nhidden_helper()\n",
     }
     for what, source in sent.items():

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from chainrule import nn, ops
-from chainrule.tensor import Tensor
+from chainrule.engine import layers as nn
+from chainrule.engine import ops
+from chainrule.engine.tensor import Tensor
 
 
 def torch_copy(mlp, dtype=torch.float64):

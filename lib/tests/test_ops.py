@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from chainrule import ops
-from chainrule.gradcheck import gradcheck
-from chainrule.tensor import Tensor
+from chainrule.engine import ops
+from chainrule.engine.gradcheck import gradcheck
+from chainrule.engine.tensor import Tensor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes

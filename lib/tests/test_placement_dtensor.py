@@ -1,13 +1,13 @@
 """Every redistribution agrees with torch.distributed.tensor (DTensor) on 2 and 4 gloo ranks.
 
 One ``dist.run`` per world size on the warm pool of worker processes runs every case of
-:data:`chainrule.placement_dtensor.CASES` both ways; no process group is made or destroyed.
+:data:`chainrule.course.placement_dtensor.CASES` both ways; no process group is made or destroyed.
 """
 
 import pytest
 from chainrule import dist
-from chainrule.placement import Partial, Replicate, Shard
-from chainrule.placement_dtensor import CASES, compare_with_dtensor
+from chainrule.course.placement_dtensor import CASES, compare_with_dtensor
+from chainrule.parallel.placement import Partial, Replicate, Shard
 
 pytestmark = pytest.mark.skipif(not dist.is_available("gloo"), reason="needs gloo")
 

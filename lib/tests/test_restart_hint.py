@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chainrule.restart_hint import (
+from chainrule.course.restart_hint import (
     find_definitions,
     locate_cell,
     missing_name,
@@ -27,7 +27,8 @@ def test_names_defined_finds_every_kind_of_binding():
 %matplotlib inline
 import numpy as np
 import os.path
-from chainrule import tensor as make_tensor, ops
+from chainrule import tensor as make_tensor
+from chainrule.engine import ops
 a, (b, *c) = 1, (2, 3, 4)
 d: int = 5
 for i, j in []:
@@ -225,7 +226,7 @@ def test_kernel_config_line_loads_the_extension_and_prints_the_hint_before_the_e
     profile.mkdir(parents=True)
     # The same line `make install` writes to .venv/etc/ipython/ipython_kernel_config.py.
     (profile / "ipython_kernel_config.py").write_text(
-        'c.InteractiveShellApp.extensions = ["chainrule.restart_hint"]\n'
+        'c.InteractiveShellApp.extensions = ["chainrule.course.restart_hint"]\n'
     )
     env = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"), JPY_SESSION_NAME=str(nb))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")

@@ -10,9 +10,10 @@ import itertools
 
 import numpy as np
 import pytest
-from chainrule import Tensor, dist, ops
-from chainrule import sharded as sh
-from chainrule.placement import (
+from chainrule import Tensor, dist
+from chainrule.engine import ops
+from chainrule.parallel import sharded as sh
+from chainrule.parallel.placement import (
     Partial,
     Replicate,
     Shard,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 from chainrule import Tensor, dist
-from chainrule.data_parallel import clip_grad_norm_global
-from chainrule.tensor_parallel import (
+from chainrule.parallel.data_parallel import clip_grad_norm_global
+from chainrule.parallel.tensor_parallel import (
     SHARDED,
     MLPWeights,
     gather_mlp_gradients,

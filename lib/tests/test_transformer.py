@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from chainrule import Tensor, dist
-from chainrule import transformer as tf
+from chainrule.parallel import transformer as tf
 
 TEXT = "reverse mode is a chain of vector-Jacobian products; fan-out becomes a sum. " * 4
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from chainrule.widgets import accumulation as acc
+from chainrule.course.widgets import accumulation as acc
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from chainrule.widgets.averaging import (
+from chainrule.course.widgets.averaging import (
     WORKED_EXAMPLES,
     averaging_html,
     averaging_markdown,
@@ -180,8 +180,9 @@ def test_the_ranks_slider_never_asks_for_more_ranks_than_examples(sweep):
 
 
 def test_the_table_from_the_ranks_shows_what_the_ranks_returned():
-    from chainrule import data_parallel, dist
-    from chainrule.widgets.averaging import averaging_result_from_ranks
+    from chainrule import dist
+    from chainrule.course.widgets.averaging import averaging_result_from_ranks
+    from chainrule.parallel import data_parallel
 
     shards = [WORKED_EXAMPLES[:3], WORKED_EXAMPLES[3:]]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chainrule.chain_cost import forward_accumulate, random_jacobians, reverse_accumulate
-from chainrule.widgets.chain_cost import (
+from chainrule.costs.chain_cost import forward_accumulate, random_jacobians, reverse_accumulate
+from chainrule.course.widgets.chain_cost import (
     build_chain_cost_widget,
     chain_cost_html,
     chain_cost_markdown,

@@ -1,8 +1,8 @@
 """Lesson 12's pictures and its bytes-per-step widget."""
 
 import pytest
-from chainrule import comm_cost as cc
-from chainrule.widgets import comm_cost as cw
+from chainrule.costs import comm_cost as cc
+from chainrule.course.widgets import comm_cost as cw
 
 
 def test_step_bytes_follow_from_the_placements():

@@ -3,8 +3,8 @@ them (the all-reduce); a sharded θ gets its own slice of the gradient with no s
 
 import numpy as np
 import pytest
-from chainrule import graph
-from chainrule.widgets import distributed_graph as dg
+from chainrule.course import graph
+from chainrule.course.widgets import distributed_graph as dg
 
 
 def _shards(world, size=3, seed=0):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 from chainrule import Tensor
-from chainrule.duality import DUALITY_TABLE, REPLICATED
-from chainrule.widgets import duality as dw
+from chainrule.course.widgets import duality as dw
+from chainrule.parallel.duality import DUALITY_TABLE, REPLICATED
 
 KEYS = [row.key for row in DUALITY_TABLE]
 

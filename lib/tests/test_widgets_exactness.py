@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from chainrule.widgets import exactness as ex
+from chainrule.course.widgets import exactness as ex
 
 
 def test_table_has_the_five_rows_and_three_columns():

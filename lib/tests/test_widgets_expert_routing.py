@@ -1,8 +1,8 @@
 """Lesson 14's routing widget: loads against capacity, drops, padding and bytes."""
 
 import numpy as np
-from chainrule.widgets import expert_routing as er
-from chainrule.widgets.live_widget import figure_png, smallest_text_px
+from chainrule.course.widgets import expert_routing as er
+from chainrule.course.widgets.live_widget import figure_png, smallest_text_px
 
 
 def test_the_view_adds_up():

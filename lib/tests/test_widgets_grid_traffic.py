@@ -3,8 +3,8 @@ the bytes each rank sends in its row and column are the ring model's."""
 
 import numpy as np
 import pytest
-from chainrule import transformer as tf
-from chainrule.widgets import grid_traffic as gw
+from chainrule.course.widgets import grid_traffic as gw
+from chainrule.parallel import transformer as tf
 
 TEXT = "replication forward means summation backward. " * 6
 CHARS = tf.vocabulary(TEXT)

@@ -4,7 +4,7 @@ import json
 import re
 
 import ipywidgets
-from chainrule.widgets.live_widget import CONTROL_WIDTH, LiveWidget, figure_png
+from chainrule.course.widgets.live_widget import CONTROL_WIDTH, LiveWidget, figure_png
 from matplotlib.figure import Figure
 
 

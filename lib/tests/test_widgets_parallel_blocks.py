@@ -2,10 +2,10 @@
 
 import numpy as np
 from chainrule import dist
-from chainrule import sharded as sh
-from chainrule.placement import Partial, Replicate, Shard
-from chainrule.widgets import parallel_blocks as pb
-from chainrule.widgets.live_widget import figure_png, smallest_text_px
+from chainrule.course.widgets import parallel_blocks as pb
+from chainrule.course.widgets.live_widget import figure_png, smallest_text_px
+from chainrule.parallel import sharded as sh
+from chainrule.parallel.placement import Partial, Replicate, Shard
 
 
 def test_stages_name_the_placements_of_placed_tensors():

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from chainrule.widgets import replicas as rp
-from chainrule.widgets.live_widget import smallest_text_px
+from chainrule.course.widgets import replicas as rp
+from chainrule.course.widgets.live_widget import smallest_text_px
 
 # -- global clipping --------------------------------------------------------------------------
 

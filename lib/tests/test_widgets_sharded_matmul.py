@@ -3,8 +3,8 @@
 import itertools
 
 import pytest
-from chainrule.comm_cost import ring_bytes
-from chainrule.widgets import sharded_matmul as smw
+from chainrule.costs.comm_cost import ring_bytes
+from chainrule.course.widgets import sharded_matmul as smw
 
 
 @pytest.mark.parametrize(("a", "b"), list(itertools.product(smw.PLACEMENT_CHOICES, repeat=2)))

@@ -1,8 +1,8 @@
 """Tables and numbers as the lessons print them, and the source a lesson shows."""
 
 import pytest
-from chainrule.widgets.source import show_source, source_of
-from chainrule.widgets.tables import (
+from chainrule.course.widgets.source import show_source, source_of
+from chainrule.course.widgets.tables import (
     html_table,
     markdown_cell,
     markdown_table,

@@ -1,9 +1,9 @@
 """Lesson 13's widget: memory per rank and traffic per step of the four ZeRO stages."""
 
 import pytest
-from chainrule import zero
-from chainrule.widgets import zero_memory as zm
-from chainrule.widgets.live_widget import figure_png, smallest_text_px
+from chainrule.course.widgets import zero_memory as zm
+from chainrule.course.widgets.live_widget import figure_png, smallest_text_px
+from chainrule.parallel import zero
 
 ADAM = next(iter(zm.OPTIMIZERS))
 

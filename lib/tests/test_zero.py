@@ -3,9 +3,10 @@ moves the collectives and bytes the placements say."""
 
 import numpy as np
 import pytest
-from chainrule import comm_cost as cc
-from chainrule import dist, zero
-from chainrule.tensor import Tensor
+from chainrule import dist
+from chainrule.costs import comm_cost as cc
+from chainrule.engine.tensor import Tensor
+from chainrule.parallel import zero
 
 WIDTHS = [4, 5, 3]  # Ψ = 25 + 18 = 43, prime: no P > 1 divides it, nor either layer's 25, 18 by 4
 LAYERS = zero.mlp(WIDTHS)

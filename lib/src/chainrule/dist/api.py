@@ -19,7 +19,7 @@ for torch.distributed. It hands the world a :class:`~chainrule.dist.calls.Call` 
 ranks must agree on) and that array. And it converts the result back to the kind of value
 passed: numpy arrays (Python numbers and lists become arrays, so a float comes back as a 0-d
 array), :class:`chainrule.Tensor` (a NEW tensor with no graph; the differentiable
-collectives are :mod:`chainrule.duality`) or torch tensors, on the device they came from.
+collectives are :mod:`chainrule.parallel.duality`) or torch tensors, on the device they came from.
 Every collective is functional: it returns its result and leaves its input alone, except
 :func:`all_reduce` with ``out=``. Every collective takes ``group=``, a
 :class:`~chainrule.dist.groups.Group` from :func:`~chainrule.dist.groups.new_group`: then it
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from chainrule import interop
+from chainrule.engine import interop
 from chainrule.dist.calls import Call
 from chainrule.dist.errors import CollectiveError, NoWorldError
 

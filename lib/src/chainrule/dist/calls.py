@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from chainrule.dist.errors import CollectiveAborted, CollectiveError
 from chainrule.dist.trace import CollectiveEvent
-from chainrule.interop import itemsize
+from chainrule.engine.interop import itemsize
 
 PARAMETERS: dict[str, tuple[str, ...]] = {
     "all_reduce": ("op",),

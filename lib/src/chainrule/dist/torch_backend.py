@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chainrule import interop
+from chainrule.engine import interop
 from chainrule.dist.api import ReduceOp
 from chainrule.dist.calls import Call, agree, decode, encode, event
 from chainrule.dist.errors import CollectiveAborted, CollectiveError

@@ -256,7 +256,7 @@ def run_task(message: bytes, rank: int, world: Any) -> Reply | None:
 
 def _to_cpu(value: Any) -> Any:
     """Torch tensors anywhere in lists, tuples and dicts moved to the CPU (to be pickled)."""
-    from chainrule import interop
+    from chainrule.engine import interop
 
     if interop.is_torch(value):
         return value.detach().cpu()

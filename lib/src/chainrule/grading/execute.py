@@ -36,10 +36,10 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from nbgrader.utils import is_locked, is_solution
 
-from chainrule.cells import bound_names
 from chainrule.grading.hidden import BEGIN_HIDDEN
 from chainrule.grading.sandbox import SandboxedKernelManager, StudentSandbox
 from chainrule.grading.validate import RanCell, student_message
+from chainrule.judging.cells import bound_names
 from chainrule.judging.judge import (
     GraderCallFailed,
     Judge,

@@ -16,6 +16,6 @@ import nbgrader.utils  # noqa: F401
 # with torch: imported once here rather than in every grading child.
 import torch  # noqa: E402, F401
 
-import chainrule.checks  # noqa: E402, F401
+import chainrule.course.checks  # noqa: E402, F401
 import chainrule.grading.worker  # noqa: F401
 import chainrule.judging.judge  # noqa: E402, F401

@@ -47,7 +47,7 @@ _FRAME = re.compile(
 )
 #: The line a frame stopped at: ``----> 2 code`` (or ``--> 375 code``).
 _ARROW = re.compile(r"^\s*-+>\s*\d+\s?(?P<code>.*)$")
-#: A place in the message of ``chainrule.checks.ErrorInYourCode``:
+#: A place in the message of ``chainrule.course.checks.ErrorInYourCode``:
 #: ``  in cell In[2], line 4, in f: code`` or ``  in <file>, line 9, in g: code``.
 _PLACE = re.compile(
     r"^\s*in (?:cell In\[(?P<count>\d+)\]|(?P<file>.+?)), line (?P<line>\d+), (?P<rest>in .*)$"

@@ -53,13 +53,13 @@ PRELOAD = (
     "ipykernel.ipkernel",
     "ipykernel.debugger",
     "chainrule",
-    "chainrule.checks",
+    "chainrule.course.checks",
     "chainrule.dist",
     "chainrule.dist.pool",
     "chainrule.dist.worker",
     "chainrule.dist.torch_backend",
     "chainrule.judging.agent",
-    "chainrule.restart_hint",
+    "chainrule.course.restart_hint",
 )
 
 

@@ -10,5 +10,5 @@ enter the student's kernel, so nothing the student's code does there can change 
 code that reaches into the kernel or the grader.
 
 In a student's own notebook (Validate, or plain nbgrader) the same test cells simply run in the
-kernel: :func:`chainrule.checks.in_student_kernel` is then an ordinary function call.
+kernel: :func:`chainrule.course.checks.in_student_kernel` is then an ordinary function call.
 """

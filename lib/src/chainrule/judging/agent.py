@@ -11,7 +11,7 @@ The request is a base64 cloudpickle of ``(nonce, operation, ...)``:
   missing, a callable, a plain value (sent back), or another object;
 - ``("call", path, args, kwargs)``: the result of calling it;
 - ``("run", function, args, kwargs)``: the result of a grader's helper (a function marked
-  :func:`chainrule.checks.in_student_kernel`), run here with the notebook's names in reach.
+  :func:`chainrule.course.checks.in_student_kernel`), run here with the notebook's names in reach.
 
 The answer is one ``display_data`` output of type :data:`REPLY_MIME`: ``{"nonce", "ok": true,
 "value"}`` with the value encoded by :mod:`chainrule.judging.wire`, or ``{"nonce", "ok": false,

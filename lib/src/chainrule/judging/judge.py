@@ -12,7 +12,7 @@ judge's side the student's notebook looks like this:
   arrives as a :class:`RemoteName`, a reference to it;
 - calling a :class:`RemoteName` calls the student's object in the kernel, with the arguments
   pickled there; the result comes back as a value;
-- a test helper marked :func:`chainrule.checks.in_student_kernel` is sent to the kernel by
+- a test helper marked :func:`chainrule.course.checks.in_student_kernel` is sent to the kernel by
   value and run there, next to the student's code (to run the student's function on ranks,
   say); its result comes back as a value.
 
@@ -289,7 +289,7 @@ class Judge:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Judge]:
-        """Make this the judge that :func:`chainrule.checks.in_student_kernel` reports to."""
+        """Make this the judge that :func:`chainrule.course.checks.in_student_kernel` reports to."""
         token = CURRENT.set(self)
         try:
             yield self

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from chainrule.cells import bindings, parse_cell
+from chainrule.judging.cells import bindings, parse_cell
 
 #: Calls and attributes that run or import code chosen at run time.
 DYNAMIC_CODE = frozenset(["exec", "eval", "compile", "__import__", "importlib"])

@@ -16,7 +16,7 @@ No pickle and no code cross in this direction, and :func:`decode` enforces limit
 length and total size, so a reply can neither run anything in the grader nor exhaust it.
 
 :func:`as_sent` is a value as the grader receives it (encoded, then decoded). The checks of
-:mod:`chainrule.checks` judge that, in a student's own notebook (Validate) as in grading, so
+:mod:`chainrule.course.checks` judge that, in a student's own notebook (Validate) as in grading, so
 that the two give the same verdict for the same answer.
 """
 
