@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from chainrule import dist
 from chainrule.costs import comm_cost as cc
+from chainrule.course import timing
 
 
 def test_ring_bytes_per_rank():
@@ -13,10 +14,26 @@ def test_ring_bytes_per_rank():
     assert cc.ring_bytes("all_to_all", N, 2) == 600
     assert cc.ring_bytes("all_reduce", N, 1) == 0.0
     assert cc.steps("all_reduce", 4) == 6 and cc.steps("all_gather", 4) == 3
-    with pytest.raises(ValueError, match="no ring model"):
-        cc.ring_bytes("scatter", N, 2)
+    assert cc.ring_bytes("scatter", N, 4) == 900 and cc.ring_bytes("broadcast", N, 4) == N
+    assert cc.steps("broadcast", 4) == cc.steps("scatter", 4) == 3
+    with pytest.raises(ValueError, match="no collective named 'gather'"):
+        cc.ring_bytes("gather", N, 1)
     # less than 2N per rank however many ranks
     assert all(cc.ring_bytes("all_reduce", N, P) < 2 * N for P in range(1, 100))
+
+
+def test_every_collective_of_a_trace_has_its_bytes():
+    def step():
+        x = np.zeros(8)  # 64 bytes
+        dist.broadcast(x if dist.rank() == 0 else None)
+        dist.scatter(x if dist.rank() == 1 else None, src=1)
+        dist.all_to_all(np.zeros(3 + dist.rank()), send_counts=[1] * 3 + [dist.rank()])
+
+    trace = dist.Trace()
+    dist.run(step, 4, trace=trace)
+    totals = cc.trace_bytes(trace)
+    assert totals["broadcast"] == 64 and totals["scatter"] == 3 / 4 * 64
+    assert totals["all_to_all"] == 3 / 4 * 6 * 8  # the largest rank's buffer, 6 numbers
 
 
 def test_trace_events_give_the_bytes_of_the_whole_tensor():
@@ -61,7 +78,7 @@ def test_fit_recovers_alpha_and_bandwidth():
 
 @pytest.mark.skipif(not dist.is_available("gloo"), reason="needs gloo")
 def test_measure_times_raw_collectives_on_gloo():
-    found = cc.measure_collectives([2], [1 << 10, 1 << 14], repeat=2)
+    found = timing.measure_collectives([2], [1 << 10, 1 << 14], repeat=2)
     assert [(m.op, m.world_size, m.nbytes) for m in found] == [
         (op, 2, n)
         for n in (1 << 10, 1 << 14)
@@ -93,7 +110,7 @@ def test_all_to_all_on_a_switch_ring_and_torus():
 
 @pytest.mark.skipif(not dist.is_available("gloo"), reason="needs gloo")
 def test_gloo_runs_reduce_scatter_as_all_reduces():
-    works = cc.gloo_works(world_size=3, elements=3 * 256)
+    works = timing.gloo_works(world_size=3, elements=3 * 256)
     assert works["all_reduce"] == [("all_reduce", [768])]
     assert works["all_gather"] == [("all_gather", [256])]
     assert works["reduce_scatter"] == [("all_reduce", [256])] * 3  # one per slice

@@ -168,6 +168,35 @@ def test_a_nested_run(backend):
     )
 
 
+def counts_that_do_not_match():
+    r = dist.rank()  # rank 1 expects two rows from rank 2, which sends it one
+    expected = [1, 1, 2] if r == 1 else [1, 1, 1]
+    return dist.all_to_all(np.ones((3, 2)), send_counts=[1, 1, 1], recv_counts=expected)
+
+
+def counts_on_some_ranks():
+    return dist.all_to_all(np.ones(3), send_counts=[1, 1, 1] if dist.rank() else None)
+
+
+def rows_of_other_widths():
+    return dist.all_to_all(np.ones((2, 2 + dist.rank())), send_counts=[1, 1])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_uneven_all_to_all_is_agreed_on_every_rank_s_counts(backend):
+    assert fails(counts_that_do_not_match, 3, backend) == (
+        "all_to_all #0: rank 1 expects recv_counts=(1, 1, 2) but the ranks' send_counts send "
+        "it (1, 1, 1)"
+    )
+    assert fails(counts_on_some_ranks, 3, backend) == (
+        "all_to_all #0: ranks 1, 2 passed send_counts but rank 0 did not: every rank passes "
+        "its own send_counts, or none does"
+    )
+    assert fails(rows_of_other_widths, 2, backend) == (
+        "all_to_all #0: the ranks' shapes differ: rank 0 (·, 2); rank 1 (·, 3)"
+    )
+
+
 # -- a rank that does not come: the simulated world's watchdog, gloo's timeout ------------------
 
 

@@ -608,7 +608,7 @@ def test_errors_inside_a_collective_reach_every_rank():
 
 def test_local_argument_errors_are_raised_on_the_rank():
     _, error = run_failing(lambda: dist.reduce_scatter(np.ones(3)), P=2, error=dist.RankError)
-    assert "does not divide into 2 equal chunks" in str(error)
+    assert "does not split into 2 equal chunks" in str(error)
     _, error = run_failing(lambda: dist.all_gather(np.ones(3), axis=2), P=2, error=dist.RankError)
     assert error.exc_type == "IndexError"
     _, error = run_failing(lambda: dist.broadcast(None, src=0), P=2, error=dist.RankError)

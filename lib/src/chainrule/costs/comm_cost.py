@@ -1,19 +1,16 @@
 """What a collective costs: the bytes each rank moves, and the α–β time model.
 
-Ring algorithms, on P ranks, for a tensor of N bytes (the *whole* tensor: the sum of an
-all-reduce, the gathered result of an all-gather, the full input of a reduce-scatter):
-
-- **all-gather**: P − 1 steps; in each, every rank passes one slice of N/P bytes on to its
-  neighbour. Per rank: ``(P−1)/P · N`` bytes sent (and as many received).
-- **reduce-scatter**: the same ring, adding instead of copying: ``(P−1)/P · N``.
-- **all-reduce** = reduce-scatter then all-gather: 2(P − 1) steps, ``2(P−1)/P · N``.
-- **all-to-all** of a buffer of N bytes per rank: every rank keeps 1/P of it and sends the
-  rest, ``(P−1)/P · N``, in P − 1 exchanges. This assumes a **fully connected switch**: every
-  rank sends at its full bandwidth B at once and no link carries another pair's bytes (a
-  non-blocking switch, or NVLink through NVSwitch). On a ring or a torus, where a chunk crosses
-  the ranks between its source and its destination, links are shared and the busiest one
-  carries more: about ``P/8 · N`` on a bidirectional ring, ``√P/8 · N`` on a 2-D torus
-  (:func:`all_to_all_link_bytes` routes every chunk and counts).
+The bytes are the ring model's, which every collective's specification carries
+(:mod:`chainrule.dist.collectives`): for a tensor of N bytes (the *whole* tensor: the sum of an
+all-reduce, the gathered result of an all-gather, the full input of a reduce-scatter, one rank's
+buffer of an all-to-all, the source's array of a broadcast or a scatter) one rank sends
+``bytes_factor · N``: ``2(P−1)/P`` for an all-reduce, ``(P−1)/P`` for an all-gather, a
+reduce-scatter, an all-to-all and a scatter, 1 for a broadcast. The all-to-all's count assumes a
+**fully connected switch**: every rank sends at its full bandwidth B at once and no link carries
+another pair's bytes (a non-blocking switch, or NVLink through NVSwitch). On a ring or a torus,
+where a chunk crosses the ranks between its source and its destination, links are shared and
+the busiest one carries more: about ``P/8 · N`` on a bidirectional ring, ``√P/8 · N`` on a 2-D
+torus (:func:`all_to_all_link_bytes` routes every chunk and counts).
 
 With α the latency of one step (seconds) and B the bandwidth (bytes per second), the time is
 ``steps · α + bytes / B`` (:func:`alpha_beta_time`): for an all-reduce
@@ -25,52 +22,32 @@ of each rank shrinks as 1/P: communication's share of a step grows with P.
 (whose ``nbytes`` is what one rank *contributes*: for an all-gather the slice, N/P) by this
 model, so the bytes a training step moves can be counted from a trace of the step itself:
 the model's bytes for each recorded collective, not bytes measured on a wire. :func:`fit`
-finds α and B from measured times by least squares, :func:`measure_collectives` measures
-``torch.distributed``'s own collectives on gloo, and :func:`gloo_works` records what gloo
-runs for each of them (its reduce-scatter is not a ring: it runs all-reduces).
+finds α and B from measured times by least squares (:mod:`chainrule.course.timing` measures
+them).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-"""The collectives the model covers, as :class:`chainrule.dist.Trace` names them."""
+from chainrule.dist.collectives import collective, ring_bytes
 
 
 def bytes_factor(op: str, world_size: int) -> float:
-    """Bytes one rank sends, per byte of N: ``2(P−1)/P`` for all-reduce, ``(P−1)/P`` for
-    all-gather, reduce-scatter and all-to-all, 0 for a barrier (and on one rank).
-
-    For the all-to-all these are the bytes each rank *sends*; that they take ``bytes / B``
-    assumes a fully connected switch (see :func:`all_to_all_link_bytes` for a ring or torus)."""
-    P = world_size
-    if op == "barrier" or P == 1:
-        return 0.0
-    if op == "all_reduce":
-        return 2 * (P - 1) / P
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (P - 1) / P
-    raise ValueError(f"no ring model for {op!r}; the model covers {', '.join(COLLECTIVES)}")
+    """Bytes one rank sends per byte of N (0 on one rank; see the module docstring)."""
+    factor = collective(op).ring_factor
+    return 0.0 if world_size == 1 else factor(world_size)
 
 
 def steps(op: str, world_size: int) -> int:
-    """Latency steps of the ring: ``2(P−1)`` for all-reduce, ``P−1`` for the others."""
-    P = world_size
-    if op == "barrier" or P == 1:
-        return 0
-    bytes_factor(op, P)  # the same operations
-    return 2 * (P - 1) if op == "all_reduce" else P - 1
-
-
-def ring_bytes(op: str, nbytes: float, world_size: int) -> float:
-    """Bytes one rank sends for ``op`` on a tensor of ``nbytes`` (see the module docstring)."""
-    return bytes_factor(op, world_size) * nbytes
+    """Latency steps of the ring: ``2(P−1)`` for an all-reduce, ``P−1`` for the others (0 for a
+    barrier, and on one rank)."""
+    steps = collective(op).steps
+    return 0 if world_size == 1 else steps(world_size)
 
 
 def alpha_beta_time(
@@ -82,8 +59,9 @@ def alpha_beta_time(
 
 def whole_bytes(op: str, contributed: int, world_size: int) -> int:
     """N, the model's size, from the bytes one rank contributes (a trace event's ``nbytes``):
-    an all-gather gathers P slices, the others take one rank's whole buffer."""
-    return contributed * world_size if op == "all_gather" else contributed
+    an all-gather gathers P slices, the others take one rank's whole buffer (a rooted one, the
+    source's)."""
+    return contributed * world_size if collective(op).gathers else contributed
 
 
 def event_bytes(event: Any) -> float:
@@ -93,8 +71,6 @@ def event_bytes(event: Any) -> float:
         op, contributed, P = event["op"], int(event["nbytes"]), int(event["ranks"])
     else:
         op, contributed, P = event.op, int(event.nbytes), event.world_size
-    if op == "barrier":
-        return 0.0
     return ring_bytes(op, whole_bytes(op, contributed, P), P)
 
 
@@ -218,126 +194,3 @@ def fit(measurements: Sequence[Measurement], op: str) -> Fit:
     return Fit(
         op, alpha, 1.0 / inverse_bandwidth, float(relative.max()), float(np.median(relative))
     )
-
-
-# -- measuring torch.distributed's collectives on gloo --------------------------------------------
-
-
-def _raw_calls(td: Any, whole: Any, world_size: int) -> dict[str, Any]:
-    """Each raw collective on a tensor of N = ``whole``'s bytes, its buffers made once."""
-    import torch
-
-    pieces = list(whole.chunk(world_size))  # views: the gathered slices land in ``whole``
-    mine = torch.zeros_like(pieces[0])
-    received = torch.empty_like(whole)
-    return {
-        "all_reduce": lambda: td.all_reduce(whole),
-        "all_gather": lambda: td.all_gather(pieces, mine),
-        "reduce_scatter": lambda: td.reduce_scatter(mine, pieces),
-        "all_to_all": lambda: td.all_to_all_single(received, whole),
-    }
-
-
-def _time_on_rank(sizes: Sequence[int], ops: Sequence[str], repeat: int) -> list[tuple]:
-    """SPMD (torch backend): the median seconds of each raw collective at each size, rank 0's."""
-    import torch
-    import torch.distributed as td
-
-    P = td.get_world_size()
-    results = []
-    for nbytes in sizes:
-        elements = max(P, nbytes // 4 // P * P)  # float32, divisible into P slices
-        calls = _raw_calls(td, torch.zeros(elements, dtype=torch.float32), P)
-        for op in ops:
-            call = calls[op]
-            call()  # warm-up: the first call of a size sets up buffers
-            samples = []
-            for _ in range(repeat):
-                td.barrier()
-                start = time.perf_counter()
-                call()
-                samples.append(time.perf_counter() - start)
-            results.append((op, P, elements * 4, float(np.median(samples))))
-    return results
-
-
-def measure_collectives(
-    world_sizes: Sequence[int],
-    sizes: Sequence[int],
-    ops: Sequence[str] = ("all_reduce", "all_gather", "reduce_scatter"),
-    repeat: int = 5,
-    backend: str = "gloo",
-    timeout: float = 600.0,
-) -> list[Measurement]:
-    """Time ``torch.distributed``'s own collectives (not this library's wrappers) on ``backend``
-    for every world size and size (bytes of N); the median of ``repeat`` calls on rank 0.
-
-    One ``dist.run`` per world size, on the warm pool of worker processes.
-    """
-    from chainrule import dist
-
-    found = []
-    for P in world_sizes:
-        args = (tuple(sizes), tuple(ops), repeat)
-        rows = dist.run(_time_on_rank, P, backend=backend, args=args, timeout=timeout)[0]
-        found += [Measurement(*row) for row in rows]
-    return found
-
-
-# -- what gloo runs -------------------------------------------------------------------------------
-
-
-def _gloo_works_on_rank(
-    ops: Sequence[str], elements: int
-) -> list[tuple[str, list[tuple[str, list[int]]]]]:
-    """SPMD (torch backend): each raw call under the profiler; the gloo works it ran, rank 0's."""
-    import torch
-    import torch.distributed as td
-
-    P = td.get_world_size()
-    elements = elements // P * P
-    calls = _raw_calls(td, torch.zeros(elements, dtype=torch.float32), P)
-    calls["reduce_scatter_single"] = lambda: td.reduce_scatter_single(
-        torch.zeros(elements // P), torch.zeros(elements)
-    )
-    found = []
-    for op in ops:
-        calls[op]()  # warm-up, outside the record
-        td.barrier()
-        # the autograd profiler without Kineto: it records the same gloo works, and starts at
-        # once (Kineto's first start takes seconds)
-        with torch.autograd.profiler.profile(record_shapes=True, use_kineto=False) as profile:
-            calls[op]()
-        works = [
-            (event.name.removeprefix("gloo:"), [int(np.prod(s)) for s in event.input_shapes])
-            for event in profile.function_events
-            if event.name.startswith("gloo:")
-        ]
-        found.append((op, works))
-    return found
-
-
-def gloo_works(
-    ops: Sequence[str] = ("all_reduce", "all_gather", "reduce_scatter", "reduce_scatter_single"),
-    world_size: int = 3,
-    elements: int = 3 << 10,
-    timeout: float = 120.0,
-) -> dict[str, list[tuple[str, list[int]]]]:
-    """What ProcessGroupGloo runs for one call of each of ``torch.distributed``'s ``ops`` on a
-    float32 tensor of ``elements`` (N = 4·elements bytes): the gloo works that
-    PyTorch's profiler records on rank 0, in order, each with the element counts of its tensors.
-
-    ``"reduce_scatter"`` is ``torch.distributed.reduce_scatter`` on a list of P slices (what
-    :func:`measure_collectives` times), ``"reduce_scatter_single"`` the one-tensor form.
-    ProcessGroupGloo runs neither as a ring reduce-scatter: the first is one all-reduce of a
-    copy of each of the P slices (N/P elements each), the second one all-reduce of a copy of
-    all N elements, of which the rank keeps its slice; both move an all-reduce's bytes.
-    ``elements`` is rounded down to a multiple of P.
-    """
-    from chainrule import dist
-
-    rows = dist.run(
-        _gloo_works_on_rank, world_size, backend="gloo", args=(tuple(ops), elements),
-        timeout=timeout,
-    )[0]  # fmt: skip
-    return dict(rows)

@@ -9,20 +9,21 @@
 The same function runs unchanged with ``backend="gloo"`` (one process per rank, CPU),
 ``backend="nccl"`` (one GPU per rank) and under torchrun after :func:`init_from_env`.
 
-The modules: :mod:`~chainrule.dist.api` (the collectives, and ``run``),
-:mod:`~chainrule.dist.calls` (what the ranks must agree on, and the check),
-:mod:`~chainrule.dist.groups` (groups of ranks, and the 2-D grid of data × tensor parallelism),
-:mod:`~chainrule.dist.simulated` (the simulated world), :mod:`~chainrule.dist.torch_backend`
-(one rank on torch.distributed), :mod:`~chainrule.dist.pool` and
-:mod:`~chainrule.dist.worker` (the warm worker processes of ``run``),
-:mod:`~chainrule.dist.whereabouts` (what a stuck worker is waiting in, and its line),
-:mod:`~chainrule.dist.torchrun`, :mod:`~chainrule.dist.trace` and
-:mod:`~chainrule.dist.errors`.
+The modules, lowest first: :mod:`~chainrule.dist.world` (the world that answers a collective,
+``ReduceOp``, the errors), :mod:`~chainrule.dist.collectives` (one specification per
+collective), :mod:`~chainrule.dist.chunks` (chunk p of P along an axis),
+:mod:`~chainrule.dist.trace`, :mod:`~chainrule.dist.calls` (what the ranks must agree on, and
+the check), :mod:`~chainrule.dist.api` (the collectives, and ``run``),
+:mod:`~chainrule.dist.groups` (groups of ranks, and the 2-D grid of data × tensor
+parallelism); the backends :mod:`~chainrule.dist.simulated` and
+:mod:`~chainrule.dist.torch_backend` (one rank on torch.distributed); the worker pools of
+``run`` (:mod:`~chainrule.dist.pool`, :mod:`~chainrule.dist.worker`,
+:mod:`~chainrule.dist.forks`, :mod:`~chainrule.dist.whereabouts`: what a stuck worker waits
+in); :mod:`~chainrule.dist.torchrun`.
 """
 
 from chainrule.dist.api import (
     BACKENDS,
-    ReduceOp,
     all_gather,
     all_reduce,
     all_to_all,
@@ -30,7 +31,6 @@ from chainrule.dist.api import (
     available_backends,
     barrier,
     broadcast,
-    in_world,
     is_available,
     rank,
     reduce_scatter,
@@ -38,12 +38,12 @@ from chainrule.dist.api import (
     scatter,
     world_size,
 )
-from chainrule.dist.errors import CollectiveError, NoWorldError, RankError
 from chainrule.dist.groups import Grid, Group, grid, new_group
 from chainrule.dist.pool import shutdown
 from chainrule.dist.simulated import SimulatedWorld
 from chainrule.dist.torchrun import init_from_env
 from chainrule.dist.trace import CollectiveEvent, Trace
+from chainrule.dist.world import CollectiveError, NoWorldError, RankError, ReduceOp, in_world
 
 __all__ = [
     "BACKENDS",

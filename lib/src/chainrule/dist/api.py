@@ -1,158 +1,37 @@
-"""One API over every backend: the collectives, the world that answers them, and ``run``.
+"""The collectives, one API over every backend, and ``run``.
 
-An SPMD function ("single program, multiple data") runs once per rank and calls the same
-collectives in the same order on every rank. The world that answers a call depends on where
-the call runs:
-
-1. inside :func:`run` with ``backend="sim"``: the simulated rank running there (each rank runs
-   in a greenlet and a ``contextvars`` context of its own);
-2. inside a worker process of :func:`run` with ``backend="gloo"``/``"nccl"``, or after
-   :func:`chainrule.dist.init_from_env` under torchrun: that process's torch.distributed rank;
-3. anywhere else a ``torch.distributed`` default process group is initialised: that group.
-
-Outside all three, :func:`rank`, :func:`world_size` and every collective raise
-:class:`~chainrule.dist.errors.NoWorldError` (there is no implicit world of one rank).
-
-Every collective below takes the same three steps. It checks its arguments and converts the
-value once: to a numpy array for the simulated world, to a torch tensor on the rank's device
-for torch.distributed. It hands the world a :class:`~chainrule.dist.calls.Call` (what the
-ranks must agree on) and that array. And it converts the result back to the kind of value
-passed: numpy arrays (Python numbers and lists become arrays, so a float comes back as a 0-d
-array), :class:`chainrule.Tensor` (a NEW tensor with no graph; the differentiable
-collectives are :mod:`chainrule.parallel.duality`) or torch tensors, on the device they came from.
-Every collective is functional: it returns its result and leaves its input alone, except
-:func:`all_reduce` with ``out=``. Every collective takes ``group=``, a
-:class:`~chainrule.dist.groups.Group` from :func:`~chainrule.dist.groups.new_group`: then it
-meets only that group's ranks, and ``src`` and the chunks count in the group's ranks.
+The world that answers a call is :func:`chainrule.dist.world.current_world`'s. Every collective
+below takes the same three steps. It checks its arguments and converts the value once: to a numpy
+array for the simulated world, to a torch tensor on the rank's device for torch.distributed. It
+hands the world a :class:`~chainrule.dist.calls.Call` (what the ranks must agree on) and that array.
+And it converts the result back to the kind of value passed: numpy arrays (Python numbers and lists
+become arrays, so a float comes back as a 0-d array), :class:`chainrule.Tensor` (a NEW tensor with
+no graph; the differentiable collectives are :mod:`chainrule.parallel.duality`) or torch tensors, on
+the device they came from. Every collective is functional: it returns its result and leaves its
+input alone, except :func:`all_reduce` with ``out=``. Every collective takes ``group=``, a
+:class:`~chainrule.dist.groups.Group` from :func:`~chainrule.dist.groups.new_group`: then it meets
+only that group's ranks, and ``src`` and the chunks count in the group's ranks.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import importlib.util
-import sys
-from collections.abc import Callable
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from chainrule.engine import interop
 from chainrule.dist.calls import Call
-from chainrule.dist.errors import CollectiveError, NoWorldError
+from chainrule.dist.chunks import chunk_slice
+from chainrule.dist.world import ReduceOp, World, group_world, refuse_nested_run
+from chainrule.engine import interop
 
 if TYPE_CHECKING:
     from chainrule.dist.groups import Group
 
 BACKENDS = ("sim", "gloo", "nccl")
 """The backend names :func:`run` accepts besides ``"auto"`` (alias ``"torch"``)."""
-
-
-class ReduceOp(enum.Enum):
-    """How :func:`all_reduce` and :func:`reduce_scatter` combine the ranks' values.
-
-    ``SUM``: Σ_r x_r. ``AVG``: (1/P) Σ_r x_r (floating point only). ``MAX``: elementwise max_r x_r.
-    """
-
-    SUM = "sum"
-    AVG = "avg"
-    MAX = "max"
-
-    @classmethod
-    def coerce(cls, op: ReduceOp | str) -> ReduceOp:
-        """``op`` as a ReduceOp; also accepts the names ``"sum"``, ``"avg"``, ``"max"``."""
-        if isinstance(op, cls):
-            return op
-        if isinstance(op, str):
-            try:
-                return cls(op.lower())
-            except ValueError:
-                pass
-        choices = ", ".join(f"ReduceOp.{m.name}" for m in cls)
-        raise ValueError(f"unknown reduction {op!r}; use one of {choices}")
-
-
-# -- the world that answers a collective ------------------------------------------------------
-
-
-class World(Protocol):
-    """One rank of a backend, as the collectives see it.
-
-    ``native`` is the array type the backend computes with (``"numpy"`` or ``"torch"``, the
-    latter on ``device``). :meth:`collective` meets the other ranks in ``call`` with this
-    rank's ``data`` (a native array, or None) and returns this rank's result and the call the
-    ranks agreed on (the source's, for broadcast and scatter). ``into``: a native array that
-    shares the memory of all_reduce's ``out=``, which the backend may write the result into.
-    """
-
-    backend: str
-    rank: int
-    world_size: int
-    native: str
-    device: Any
-
-    def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]: ...
-
-    def register_group(self, group: Group) -> None:
-        """Prepare the collectives of ``group`` (called on every rank, in the same order)."""
-
-    def subgroup(self, group: Group) -> World:
-        """This rank as a rank of ``group``, whose collectives meet only its ranks."""
-
-
-_rank_world: ContextVar[World | None] = ContextVar("chainrule_rank_world", default=None)
-"""The simulated rank running in the current context (each rank has a context of its own)."""
-_process_world: World | None = None  # a torch.distributed rank owning this process
-
-
-def set_rank_world(world: World | None) -> None:
-    """Make ``world`` answer the collectives called in the current context (None: stop)."""
-    _rank_world.set(world)
-
-
-def set_process_world(world: World | None) -> None:
-    """Make ``world`` answer the collectives of every thread of this process (None: stop)."""
-    global _process_world
-    _process_world = world
-
-
-def _chainrule_world() -> World | None:
-    """The rank of a world that :func:`run` or ``init_from_env`` started here, if any."""
-    world = _rank_world.get()
-    return world if world is not None else _process_world
-
-
-def current_world() -> World:
-    """The world that answers a collective called here (see the module docstring)."""
-    world = _chainrule_world()
-    if world is not None:
-        return world
-    torch_dist = sys.modules.get("torch.distributed")
-    if torch_dist is not None and torch_dist.is_available() and torch_dist.is_initialized():
-        from chainrule.dist import torchrun
-
-        return torchrun.default_group_world()
-    raise NoWorldError(
-        "no distributed world here: rank(), world_size() and the collectives work only inside "
-        "a function started by dist.run(fn, world_size, ...), or in a process that called "
-        "dist.init_from_env() (e.g. under torchrun)"
-    )
-
-
-def group_world(group: Group | None) -> World:
-    """The world of ``group`` seen from here (the whole world for None)."""
-    world = current_world()
-    return world if group is None else world.subgroup(group)
-
-
-def in_world() -> bool:
-    """Whether a collective called here would find a world (instead of raising NoWorldError)."""
-    try:
-        current_world()
-    except NoWorldError:
-        return False
-    return True
 
 
 # -- checks and conversions, once per call ----------------------------------------------------
@@ -213,11 +92,7 @@ def check_divisible(shape: tuple, axis: int, world_size: int, op: str, what: str
     if not shape:
         raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
     axis = normalize_axis(axis, len(shape), what)
-    if shape[axis] % world_size:
-        raise ValueError(
-            f"{op}: {what}={axis} has length {shape[axis]}, which does not divide into "
-            f"{world_size} equal chunks (one per rank)"
-        )
+    chunk_slice(shape[axis], 0, world_size, f"{op}: {what}={axis}")
     return axis
 
 
@@ -307,20 +182,57 @@ def reduce_scatter(
 
 
 def all_to_all(
-    x: Any, split_axis: int = 0, concat_axis: int = 0, group: Group | None = None
+    x: Any,
+    split_axis: int = 0,
+    concat_axis: int = 0,
+    send_counts: Sequence[int] | None = None,
+    recv_counts: Sequence[int] | None = None,
+    group: Group | None = None,
 ) -> Any:
     """Split x into P chunks along ``split_axis``; chunk j goes to rank j.
 
     Rank r returns concat(chunk_r(x_0), ..., chunk_r(x_{P−1})) along ``concat_axis``: a
     transpose of the (rank, chunk) grid, e.g. from sharding a sequence to sharding heads.
+
+    Uneven (torch's ``all_to_all_single`` with split sizes): ``send_counts[j]`` slices along
+    ``split_axis`` go to rank j, so they sum to ``x.shape[split_axis]``, and what arrives is
+    concatenated along the same axis (``concat_axis`` must equal ``split_axis``), in rank order:
+    rank r receives ``recv_counts[j] = send_counts_j[r]`` slices from rank j. ``recv_counts``
+    may be passed to have it checked; ranks that disagree raise CollectiveError.
     """
     world = group_world(group)
     data, call = _prepare(world, "all_to_all", x, ())
     shape: tuple = call.shape  # type: ignore[assignment]
-    split_axis = check_divisible(shape, split_axis, world.world_size, "all_to_all", "split_axis")
+    P, params = world.world_size, cast(tuple[tuple[str, Any], ...], ())
+    if send_counts is None:
+        split_axis = check_divisible(shape, split_axis, P, "all_to_all", "split_axis")
+    else:
+        if not shape:
+            raise ValueError("all_to_all needs an array with at least one dimension")
+        split_axis = normalize_axis(split_axis, len(shape), "split_axis")
+        counts = [_counts(send_counts, P, "send_counts")]
+        if recv_counts is not None:
+            counts.append(_counts(recv_counts, P, "recv_counts"))
+        if sum(counts[0]) != shape[split_axis]:
+            raise ValueError(
+                f"all_to_all: send_counts {counts[0]} sum to {sum(counts[0])}, but x has "
+                f"{shape[split_axis]} slices along split_axis={split_axis}"
+            )
+        params = tuple(zip(("send_counts", "recv_counts"), counts, strict=False))
     concat_axis = normalize_axis(concat_axis, len(shape), "concat_axis")
-    call = call._replace(params=(("split_axis", split_axis), ("concat_axis", concat_axis)))
+    if params and concat_axis != split_axis:
+        raise ValueError("an uneven all_to_all concatenates along its split_axis: pass both alike")
+    axes = (("split_axis", split_axis), ("concat_axis", concat_axis))
+    call = call._replace(params=axes + params)
     return _result(world.collective(call, data)[0], call, x)
+
+
+def _counts(counts: Sequence[int], world_size: int, what: str) -> tuple[int, ...]:
+    """``counts`` as a tuple of ``world_size`` ints ≥ 0, or ValueError."""
+    found = tuple(int(c) for c in counts)
+    if len(found) != world_size or min(found, default=0) < 0:
+        raise ValueError(f"all_to_all: {what} must be {world_size} counts ≥ 0, got {counts!r}")
+    return found
 
 
 def broadcast(x: Any = None, src: int = 0, group: Group | None = None) -> Any:
@@ -362,17 +274,6 @@ def barrier(group: Group | None = None) -> None:
 
 
 # -- choosing and starting a backend ----------------------------------------------------------
-
-
-def refuse_nested_run() -> None:
-    """Raise CollectiveError when called inside an SPMD function: ranks start no worlds."""
-    outer = _chainrule_world()
-    if outer is not None:
-        raise CollectiveError(
-            f"dist.run was called inside an SPMD function, on rank {outer.rank} of a "
-            f"{outer.backend} world of {outer.world_size}: a rank cannot start a world of its "
-            "own; call dist.run once, outside the function, and the collectives inside it"
-        )
 
 
 def is_available(backend: str) -> bool:
@@ -452,9 +353,9 @@ def run(
     False lets each rank sum in its own ring order, so results differ in the last bits.
     ``trace``: a :class:`~chainrule.dist.trace.Trace` that receives one event per collective.
 
-    An exception on a rank is re-raised as :class:`~chainrule.dist.errors.RankError`; a
+    An exception on a rank is re-raised as :class:`~chainrule.dist.world.RankError`; a
     mismatch, a rank that left early, a timeout or a ``run`` inside a rank as
-    :class:`~chainrule.dist.errors.CollectiveError`.
+    :class:`~chainrule.dist.world.CollectiveError`.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int | np.integer):
         raise TypeError(f"world_size must be an int, got {world_size!r}")

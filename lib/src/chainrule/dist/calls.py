@@ -2,14 +2,13 @@
 
 Each collective call becomes a :class:`Call`: the collective's name, its arguments, and the
 shape, dtype and kind of the value the rank passed. Before any data moves, the ranks compare
-their calls (:func:`agree`): the simulated world in memory, the torch backend by gathering
-every rank's call as a row of integers (:func:`encode`, :func:`decode`). Mismatched
-collectives, arguments, shapes or dtypes, and a rank that returned while others wait, become a
-:class:`~chainrule.dist.errors.CollectiveError` that names the collective, the ranks and the
-mismatch, with the same words on every backend. Nothing is ever reinterpreted.
-
-Adding a collective: its name and argument names in :data:`PARAMETERS`, its function in
-:mod:`chainrule.dist.api`, and one computation in each backend.
+their calls (:func:`agree`, by the collective's specification in
+:mod:`chainrule.dist.collectives`): the simulated world in memory, the torch backend by
+gathering every rank's call as a row of integers of any length (:func:`encode`,
+:func:`decode`). Mismatched collectives, arguments, shapes or dtypes, and a rank that returned
+while others wait, become a :class:`~chainrule.dist.world.CollectiveError` that names the
+collective, the ranks and the mismatch, with the same words on every backend. Nothing is ever
+reinterpreted.
 """
 
 from __future__ import annotations
@@ -18,22 +17,13 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from chainrule.dist.errors import CollectiveAborted, CollectiveError
+from chainrule.dist.collectives import COLLECTIVES, Collective
 from chainrule.dist.trace import CollectiveEvent
+from chainrule.dist.world import CollectiveAborted, CollectiveError, ReduceOp
 from chainrule.engine.interop import itemsize
 
-PARAMETERS: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("op",),
-    "all_gather": ("axis",),
-    "reduce_scatter": ("op", "axis"),
-    "all_to_all": ("split_axis", "concat_axis"),
-    "broadcast": ("src",),
-    "scatter": ("src", "axis"),
-    "barrier": (),
-    "returned": (),  # a rank's function returned (the end of a run on torch.distributed)
-    "raised": (),  # a rank's function raised
-}
-"""Every collective and the names of its arguments, in order."""
+SIGNALS = ("returned", "raised")
+"""Not collectives: what a rank's function did instead of calling one (returned, raised)."""
 
 
 class Call(NamedTuple):
@@ -67,19 +57,23 @@ class Call(NamedTuple):
 
 
 def agree(calls: Sequence[Call], seq: int) -> Call:
-    """The call every rank agreed on (for broadcast and scatter, the source's), or raise.
+    """The call every rank agreed on, or raise.
 
-    ``calls[r]`` is rank r's call of collective number ``seq``. Raises
-    :class:`~chainrule.dist.errors.CollectiveError` naming the ranks that differ and how, or
-    :class:`~chainrule.dist.errors.CollectiveAborted` when a rank raised instead of calling.
+    ``calls[r]`` is rank r's call of collective number ``seq``. For a rooted collective the
+    agreed call is the source's; with arguments of each rank's own, it holds every rank's value
+    (rank order). Raises :class:`~chainrule.dist.world.CollectiveError` naming the ranks that
+    differ and how, or :class:`~chainrule.dist.world.CollectiveAborted` when a rank raised
+    instead of calling.
     """
     first = calls[0]
-    if calls.count(first) == len(calls):  # the common case: one comparison per rank
+    spec = COLLECTIVES.get(first.op)
+    own = spec is not None and any(key in spec.own for key, _ in first.params)
+    if calls.count(first) == len(calls) and not own:  # the common case: one comparison a rank
         return first
     ops = [call.op for call in calls]
     if "raised" in ops:
         raised = ops.index("raised")
-        waiting = [r for r, op in enumerate(ops) if op not in ("raised", "returned")]
+        waiting = [r for r, op in enumerate(ops) if op not in SIGNALS]
         if not waiting:
             return Call("raised")
         raise CollectiveAborted(
@@ -97,12 +91,10 @@ def agree(calls: Sequence[Call], seq: int) -> Call:
             f"{odd} while {ranks_text(ranks)} called {majority} (collective #{seq}): every rank "
             "must call the same collectives in the same order"
         )
-    op, name = first.op, f"{first.op} #{seq}"
-    if op == "scatter":  # only the source knows the axis
+    assert spec is not None
+    name = f"{first.op} #{seq}"
+    if spec.rooted:  # only the source's value and arguments count
         _same_params([call.params[:1] for call in calls], name)
-        return calls[first.param("src")]
-    _same_params([call.params for call in calls], name)
-    if op == "broadcast":
         src = first.param("src")
         source = calls[src]
         for r, call in enumerate(calls):
@@ -113,9 +105,42 @@ def agree(calls: Sequence[Call], seq: int) -> Call:
                     "source's"
                 )
         return source
+    agreed = [tuple(p for p in call.params if p[0] not in spec.own) for call in calls]
+    _same_params(agreed, name)
     _same(calls, name, "dtype", [call.dtype for call in calls])
-    _same(calls, name, "shape", [call.shape for call in calls])
-    return first
+    owners = any(len(call.params) > len(mine) for call, mine in zip(calls, agreed, strict=True))
+    rows = _own_rows(calls, spec, name) if owners else None
+    shapes: list[Any] = [call.shape for call in calls]
+    if rows is not None and spec.free_axis is not None:  # the ranks' lengths there may differ
+        axis = first.param(spec.free_axis)
+        shapes = ["(" + ", ".join("·" if i == axis else str(n) for i, n in enumerate(s)) + ")"
+                  for s in shapes]  # fmt: skip
+    _same(calls, name, "shape", shapes)
+    if rows is None:
+        return first
+    return first._replace(params=(*agreed[0], (spec.own[0], rows)))
+
+
+def _own_rows(calls: Sequence[Call], spec: Collective, name: str) -> tuple[Any, ...]:
+    """Every rank's own ``spec.own[0]`` (the counts it sends each rank), after checking that
+    every rank passed one and that each ``spec.own[1]`` given is the column the others send."""
+    send, receive = spec.own
+    given = [r for r, call in enumerate(calls) if any(k == send for k, _ in call.params)]
+    if len(given) < len(calls):
+        missing = [r for r in range(len(calls)) if r not in given]
+        raise CollectiveError(
+            f"{name}: {ranks_text(given)} passed {send} but {ranks_text(missing)} did not: "
+            f"every rank passes its own {send}, or none does"
+        )
+    rows = tuple(call.param(send) for call in calls)
+    for r, call in enumerate(calls):
+        expected = tuple(row[r] for row in rows)
+        if any(k == receive for k, _ in call.params) and call.param(receive) != expected:
+            raise CollectiveError(
+                f"{name}: rank {r} expects {receive}={call.param(receive)} but the ranks' "
+                f"{send} send it {expected}"
+            )
+    return rows
 
 
 def returned_message(waiting: Sequence[int], returned: int, op: str, seq: int) -> str:
@@ -137,8 +162,8 @@ def event(
 ) -> CollectiveEvent:
     """The trace event of collective ``seq``: every rank's shape, the agreed arguments.
     ``ranks``: the world ranks of ``calls`` (default: the whole world, 0 to P−1)."""
-    if lead.op in ("broadcast", "scatter"):
-        nbytes = lead.nbytes
+    if COLLECTIVES[lead.op].rooted:
+        nbytes = lead.nbytes  # the source's
     else:
         nbytes = max(call.nbytes for call in calls)
     return CollectiveEvent(
@@ -190,55 +215,79 @@ def _show(value: Any) -> str:
     return f"ReduceOp.{name}" if hasattr(value, "value") and name else repr(value)
 
 
-# -- a call as a row of integers (what the torch backend's ranks gather) ----------------------
+# -- a call as a row of integers of any length (what the torch backend's ranks gather) ------
 
-MAX_NDIM = 16
-"""The most dimensions a value of a collective may have on the torch backend."""
-
-_OPS = tuple(PARAMETERS)
-_KINDS = (None, "numpy", "engine", "torch")
+_OPS = (*COLLECTIVES, *SIGNALS)
+_KINDS = ("numpy", "engine", "torch")
 _DTYPES = (
-    None,
-    *(
-        "float64 float32 float16 bfloat16 complex128 complex64 "
-        "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool"
-    ).split(),
-)
-ROW = 4 + MAX_NDIM + 1 + 3
-"""Integers per encoded call: op, kind, dtype, ndim, the shape, the count of arguments, the
-arguments."""
+    "float64 float32 float16 bfloat16 complex128 complex64 "
+    "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool"
+).split()
+_NONE, _TUPLE, _OP = -1, -2, -3  # markers; an int ≥ 0 stands for itself
 
 
-def encode(call: Call, reduce_ops: Sequence[Any]) -> list[int]:
-    """``call`` as :data:`ROW` integers. ``reduce_ops``: the ReduceOp members, in order."""
-    shape = call.shape if call.shape is not None else ()
-    if len(shape) > MAX_NDIM:
-        raise ValueError(f"{call.op}: at most {MAX_NDIM} dimensions, got {len(shape)}")
-    if call.dtype not in _DTYPES:
+def encode(call: Call) -> list[int]:
+    """``call`` as integers: its name, kind, dtype, shape and arguments, each argument's value
+    an int, a ReduceOp, None or a tuple of them, of any length (counts of every rank...)."""
+    if call.dtype is not None and call.dtype not in _DTYPES:
         raise TypeError(f"{call.op}: the torch backend does not move {call.dtype} values")
-    values = [reduce_ops.index(v) if name == "op" else int(v) for name, v in call.params]
-    row = [
+    names = _names(call.op)
+    value = (
         _OPS.index(call.op),
-        _KINDS.index(call.kind),
-        _DTYPES.index(call.dtype),
-        -1 if call.shape is None else len(shape),
-        *shape,
-        *[0] * (MAX_NDIM - len(shape)),
-        len(values),
-        *values,
-        *[0] * (3 - len(values)),
-    ]
+        None if call.kind is None else _KINDS.index(call.kind),
+        None if call.dtype is None else _DTYPES.index(call.dtype),
+        call.shape,
+        tuple((names.index(key), v) for key, v in call.params),
+    )
+    row: list[int] = []
+    _put(value, row)
     return row
 
 
-def decode(row: Sequence[int], reduce_ops: Sequence[Any]) -> Call:
+def decode(row: Sequence[int]) -> Call:
     """The :class:`Call` that :func:`encode` turned into ``row``."""
-    op, kind, dtype, ndim = _OPS[row[0]], _KINDS[row[1]], _DTYPES[row[2]], row[3]
-    shape = None if ndim < 0 else tuple(row[4 : 4 + ndim])
-    count = row[4 + MAX_NDIM]
-    values = row[5 + MAX_NDIM : 5 + MAX_NDIM + count]
-    names = PARAMETERS[op][:count]
-    params = tuple(
-        (name, reduce_ops[v] if name == "op" else v) for name, v in zip(names, values, strict=True)
+    (op, kind, dtype, shape, params), _ = _take(row, 0)
+    names = _names(_OPS[op])
+    return Call(
+        _OPS[op],
+        tuple((names[key], v) for key, v in params),
+        shape,
+        None if dtype is None else _DTYPES[dtype],
+        None if kind is None else _KINDS[kind],
     )
-    return Call(op, params, shape, dtype, kind)
+
+
+def _names(op: str) -> tuple[str, ...]:
+    spec = COLLECTIVES.get(op)
+    return () if spec is None else (*spec.params, *spec.own)
+
+
+def _put(value: Any, row: list[int]) -> None:
+    if value is None:
+        row.append(_NONE)
+    elif isinstance(value, ReduceOp):
+        row += [_OP, list(ReduceOp).index(value)]
+    elif isinstance(value, tuple):
+        row += [_TUPLE, len(value)]
+        for item in value:
+            _put(item, row)
+    elif isinstance(value, int) and value >= 0:
+        row.append(int(value))
+    else:
+        raise TypeError(f"a call's values are ints ≥ 0, ReduceOps, None and tuples, not {value!r}")
+
+
+def _take(row: Sequence[int], at: int) -> tuple[Any, int]:
+    """The value encoded at ``row[at]``, and where the next one starts."""
+    marker = row[at]
+    if marker == _NONE:
+        return None, at + 1
+    if marker == _OP:
+        return list(ReduceOp)[row[at + 1]], at + 2
+    if marker == _TUPLE:
+        items, at = [], at + 2
+        for _ in range(row[at - 1]):
+            item, at = _take(row, at)
+            items.append(item)
+        return tuple(items), at
+    return marker, at + 1

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chainrule.dist import api
+from chainrule.dist.world import current_world
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Group:
 
 def new_group(ranks: list[int] | tuple[int, ...]) -> Group:
     """A group of ``ranks`` of the current world; call it on every rank, in the same order."""
-    world = api.current_world()
+    world = current_world()
     group = Group(tuple(int(r) for r in ranks))
     outside = [r for r in group.ranks if not 0 <= r < world.world_size]
     if outside:
@@ -75,7 +75,7 @@ class Grid:
 def grid(dp: int, tp: int) -> Grid:
     """This rank's :class:`Grid` of a world of ``dp·tp`` ranks (creates every row and column
     group, on every rank, in the same order)."""
-    world = api.current_world()
+    world = current_world()
     if dp < 1 or tp < 1 or dp * tp != world.world_size:
         raise ValueError(
             f"a {dp} × {tp} grid needs {dp * tp} ranks, the world has {world.world_size}"

@@ -8,9 +8,9 @@ travels by value (cloudpickle) when it comes from ``__main__``, so a function de
 notebook cell runs too.
 
 Each rank sends back a :class:`~chainrule.dist.worker.Reply`. An exception on a rank becomes
-a :class:`~chainrule.dist.errors.RankError` with the rank's traceback (its source lines put
+a :class:`~chainrule.dist.world.RankError` with the rank's traceback (its source lines put
 back for functions from a notebook); ranks that could not agree on a collective, a
-:class:`~chainrule.dist.errors.CollectiveError`. Both leave the pool warm: the ranks ended
+:class:`~chainrule.dist.world.CollectiveError`. Both leave the pool warm: the ranks ended
 together. A rank that dies, a run longer than ``timeout``, ranks still busy a second after
 another raised, and Ctrl-C stop the pool (the launcher's whole process group), and the next
 call starts a fresh one. What the ranks print is shown in rank order after the call. The
@@ -40,9 +40,9 @@ import cloudpickle
 
 from chainrule.dist import forks, whereabouts
 from chainrule.dist.calls import ranks_text
-from chainrule.dist.errors import CollectiveError, RankError
 from chainrule.dist.trace import Trace
 from chainrule.dist.worker import LAUNCH, Exited, Hello, Ready, RemoteError, Reply, Task
+from chainrule.dist.world import CollectiveError, RankError
 
 DEFAULT_TIMEOUT = 30.0
 """Seconds a whole ``run`` on gloo/nccl may take before its processes are stopped."""
@@ -232,15 +232,15 @@ def _start_launcher(config: dict[str, Any]) -> subprocess.Popen[bytes] | forks.F
     fork_server = os.environ.get(forks.ENV)
     if fork_server and config["backend"] == "gloo":
         try:
-            where = {"cwd": os.getcwd(), "env": dict(os.environ)}  # this process's, not the server's
+            where = {"cwd": os.getcwd(), "env": dict(os.environ)}  # ours, not the server's
             return forks.ForkedChild(fork_server, "launcher", {"config": config, **where})
         except OSError:
             pass  # the server is gone (a process forked from a kernel that outlived it)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # P processes share the machine's cores
     # Every functional result and every gradient is a new tensor: with torch's huge-page
-    # allocation a new 64 MB tensor is mapped in 2 MB pages, not 4 KB ones (a clone of
-    # 64 MB: 21 ms instead of 150 ms on a 2-core machine where huge pages are madvise-only).
+    # allocation a large new tensor is mapped in 2 MB pages, not 4 KB ones, much faster to fill
+    # where huge pages are madvise-only (BENCHMARKS.md).
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCH], stdin=subprocess.PIPE, env=env, start_new_session=True
@@ -391,14 +391,16 @@ def _timeout_message(pool: Pool, unfinished: list[int], timeout: float, fn: Any)
         still = "was still running its" if one else "were still running their"
         return (
             f"{waits[waiting[0]]} timed out after {timeout:g} s: {ranks_text(waiting)} arrived "
-            f"but {ranks_text(running)} {still} own code" + (f" ({where})" if where else "")
+            f"but {ranks_text(running)} {still} own code"
+            + (f" ({where})" if where else "")
             + stopped
         )
     if running and not waiting:
         own = "its" if one else "their"
         return (
             f"the {pool.backend} run timed out after {timeout:g} s: {ranks_text(running)} ran "
-            f"{own} own code for more than {timeout:g} s" + (f" ({where})" if where else "")
+            f"{own} own code for more than {timeout:g} s"
+            + (f" ({where})" if where else "")
             + stopped
         )
     described = [f"rank {r} waits in {waits[r]}" for r in waiting]

@@ -23,13 +23,13 @@ P ≥ 3 the ranks' sums differ in the last bits, and replicas drift apart over m
 
 Failures end the run quickly and name the ranks: calls that disagree, a rank that returned
 while others wait for it (seen as soon as no rank can go on), an exception (re-raised as
-:class:`~chainrule.dist.errors.RankError`), and a rank that runs its own code for more than
+:class:`~chainrule.dist.world.RankError`), and a rank that runs its own code for more than
 ``timeout`` seconds without reaching a collective. That last one is the watchdog's: an alarm
 clock (``signal.setitimer``) set each time a rank is resumed, whose signal interrupts the rank
 whatever it is doing — computing, sleeping, or waiting for a lock that another rank holds.
 Python runs signal handlers in the main thread only, so off the main thread there is no
 watchdog. After a failure the waiting ranks are released with a
-:class:`~chainrule.dist.errors.CollectiveAborted` inside their collective, and
+:class:`~chainrule.dist.world.CollectiveAborted` inside their collective, and
 :meth:`SimulatedWorld.run` raises once every rank's greenlet has ended. A
 ``KeyboardInterrupt`` (a notebook's interrupt) ends every rank's greenlet and propagates.
 """
@@ -49,13 +49,18 @@ from typing import Any
 import numpy as np
 from greenlet import GreenletExit, greenlet
 
-from chainrule.dist import api
-from chainrule.dist.api import ReduceOp
 from chainrule.dist.calls import Call, agree, event, ranks_text, returned_message
-from chainrule.dist.errors import CollectiveAborted, CollectiveError, RankError
 from chainrule.dist.groups import Group
 from chainrule.dist.trace import Trace
 from chainrule.dist.whereabouts import Line, line_of_frame, positions
+from chainrule.dist.world import (
+    CollectiveAborted,
+    CollectiveError,
+    RankError,
+    ReduceOp,
+    refuse_nested_run,
+    set_rank_world,
+)
 
 DEFAULT_TIMEOUT = 5.0
 """Seconds a rank may run its own code without reaching a collective before the run fails."""
@@ -104,7 +109,7 @@ class SimulatedWorld:
         trace: Trace | None = None,
     ) -> list:
         """``fn(*args, **kwargs)`` once per rank, in P greenlets; the results in rank order."""
-        api.refuse_nested_run()
+        refuse_nested_run()
         if not self._running.acquire(blocking=False):
             raise RuntimeError("this SimulatedWorld is already running an SPMD function")
         try:
@@ -285,7 +290,7 @@ class _Run:
     # -- a rank's life ----------------------------------------------------------------------
 
     def _rank_main(self, rank: int) -> None:
-        api.set_rank_world(_Rank(self, rank))
+        set_rank_world(_Rank(self, rank))
         try:
             self.results[rank] = self.fn(*self.args, **self.kwargs)
         except GreenletExit:
@@ -545,9 +550,14 @@ def _all_gather(arrays: list[np.ndarray], call: Call, deterministic: bool) -> li
 
 
 def _all_to_all(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:
-    P, concat_axis = len(arrays), call.param("concat_axis")
-    chunks = [np.split(a, P, axis=call.param("split_axis")) for a in arrays]
-    return [np.concatenate([c[r] for c in chunks], axis=concat_axis) for r in range(P)]
+    P, counts = len(arrays), dict(call.params).get("send_counts")  # every rank's, when uneven
+    cuts: list[Any] = [P] * P if counts is None else [np.cumsum(row)[:-1] for row in counts]
+    chunks = [
+        np.split(a, cut, axis=call.param("split_axis")) for a, cut in zip(arrays, cuts, strict=True)
+    ]
+    return [
+        np.concatenate([c[r] for c in chunks], axis=call.param("concat_axis")) for r in range(P)
+    ]
 
 
 def _broadcast(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:

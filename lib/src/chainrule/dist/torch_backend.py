@@ -24,17 +24,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chainrule.engine import interop
-from chainrule.dist.api import ReduceOp
 from chainrule.dist.calls import Call, agree, decode, encode, event
-from chainrule.dist.errors import CollectiveAborted, CollectiveError
 from chainrule.dist.trace import CollectiveEvent
+from chainrule.dist.world import CollectiveAborted, CollectiveError, ReduceOp
+from chainrule.engine import interop
 
 if TYPE_CHECKING:
     from chainrule.dist.groups import Group
     from chainrule.dist.whereabouts import Status
 
-REDUCE_OPS = tuple(ReduceOp)
+HEAD = 48
+"""Integers each rank sends in the first gather of an agreement: a call's length and its first
+integers; a longer call (a large shape, every rank's counts) takes a second gather."""
 
 
 class TorchWorld:
@@ -116,14 +117,21 @@ class TorchWorld:
         if root.failure is not None:
             raise CollectiveAborted(root.failure)
         seq, self.seq = self.seq, self.seq + 1
-        mine = torch.tensor(encode(call, REDUCE_OPS), dtype=torch.int64, device=self.device)
+        mine = encode(call)
         if root.status is not None:
             group = "" if self is root else f" (in the group of ranks {self.ranks})"
             root.status.waiting_in(f"{call.op} #{seq}{group}")
-        rows = _all_gather_stacked(mine, self)
+        head = torch.zeros(HEAD, dtype=torch.int64)
+        head[0], head[1 : len(mine[: HEAD - 1]) + 1] = len(mine), torch.tensor(mine[: HEAD - 1])
+        rows = _all_gather_stacked(head.to(self.device), self).tolist()
+        width = max(row[0] for row in rows)
+        if width >= HEAD:  # a long call: every rank sends all of its own, padded alike
+            whole = torch.zeros(width + 1, dtype=torch.int64)
+            whole[0], whole[1 : len(mine) + 1] = len(mine), torch.tensor(mine)
+            rows = _all_gather_stacked(whole.to(self.device), self).tolist()
         if root.status is not None:
             root.status.waiting_in(None)
-        calls = [decode(row, REDUCE_OPS) for row in rows.tolist()]
+        calls = [decode(row[1 : row[0] + 1]) for row in rows]
         try:
             return calls, agree(calls, seq)
         except CollectiveError as exc:
@@ -164,8 +172,7 @@ def _all_gather_stacked(t: Any, world: TorchWorld) -> Any:
 
     td, P = _dist(), world.world_size
     out = torch.empty((P * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-    gather = getattr(td, "all_gather_single", None) or td.all_gather_into_tensor  # (torch < 2.13)
-    gather(out, t, group=world.process_group)
+    td.all_gather_single(out, t, group=world.process_group)
     return out.view(P, *t.shape)
 
 
@@ -196,8 +203,7 @@ def _reduce_scatter(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
     op, axis, P = call.param("op"), call.param("axis"), world.world_size
     rows = t.movedim(axis, 0).contiguous()  # chunk r: rows r·n/P to (r+1)·n/P − 1
     out = torch.empty((rows.shape[0] // P, *rows.shape[1:]), dtype=t.dtype, device=t.device)
-    scatter = getattr(td, "reduce_scatter_single", None) or td.reduce_scatter_tensor
-    scatter(out, rows, op=_sum_or_max(op), group=world.process_group)
+    td.reduce_scatter_single(out, rows, op=_sum_or_max(op), group=world.process_group)
     if op is ReduceOp.AVG:
         out.div_(P)
     return out.movedim(0, axis).contiguous()
@@ -208,10 +214,18 @@ def _all_to_all(world: TorchWorld, call: Call, t: Any, into: Any) -> Any:
 
     P, split_axis = world.world_size, call.param("split_axis")
     rows = t.movedim(split_axis, 0).contiguous()  # chunk j: the rows that go to rank j
-    received = torch.empty_like(rows)
-    _dist().all_to_all_single(received, rows, group=world.process_group)
-    # received holds rank j's chunk for this rank in its rows j·c to (j+1)·c − 1
-    chunks = received.reshape(P, -1, *rows.shape[1:]).movedim(1, split_axis + 1)
+    counts = dict(call.params).get("send_counts")  # every rank's, when uneven
+    if counts is not None:  # concatenated along the split axis, in rank order
+        received = [row[world.rank] for row in counts]
+        out = rows.new_empty((sum(received), *rows.shape[1:]))
+        _dist().all_to_all_single(
+            out, rows, received, list(counts[world.rank]), group=world.process_group
+        )
+        return out.movedim(0, split_axis).contiguous()
+    out = torch.empty_like(rows)
+    _dist().all_to_all_single(out, rows, group=world.process_group)
+    # out holds rank j's chunk for this rank in its rows j·c to (j+1)·c − 1
+    chunks = out.reshape(P, -1, *rows.shape[1:]).movedim(1, split_axis + 1)
     shape = list(chunks.shape[1:])
     shape[call.param("concat_axis")] *= P
     return chunks.movedim(0, call.param("concat_axis")).reshape(shape).contiguous()

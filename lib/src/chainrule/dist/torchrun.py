@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from chainrule.dist import api
+from chainrule.dist.api import is_available
 from chainrule.dist.torch_backend import TorchWorld
+from chainrule.dist.world import set_process_world
 
 _joined_here = False  # whether init_from_env initialised the default process group
 _default_world: TorchWorld | None = None
@@ -45,14 +46,14 @@ def init_from_env(backend: str = "auto") -> TorchWorld:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     if backend in ("auto", "torch"):
-        nccl = api.is_available("nccl") and torch.cuda.device_count() >= local_world
+        nccl = is_available("nccl") and torch.cuda.device_count() >= local_world
         backend = "nccl" if nccl else "gloo"
     device = device_for(backend, local_rank)
     if not td.is_initialized():
         td.init_process_group(backend, **({"device_id": device} if backend == "nccl" else {}))
         _joined_here = True
     world = TorchWorld(backend, device)
-    api.set_process_world(world)
+    set_process_world(world)
     return world
 
 
@@ -88,4 +89,4 @@ def leave() -> None:
         if td.is_initialized():
             td.destroy_process_group()
         _joined_here = False
-        api.set_process_world(None)
+        set_process_world(None)

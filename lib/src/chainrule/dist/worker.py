@@ -32,8 +32,8 @@ from typing import Any
 
 import cloudpickle
 
-from chainrule.dist.errors import CollectiveAborted, CollectiveError
 from chainrule.dist.trace import CollectiveEvent
+from chainrule.dist.world import CollectiveAborted, CollectiveError
 
 # -- the messages -----------------------------------------------------------------------------
 
@@ -53,7 +53,7 @@ class Task:
 class RemoteError:
     """An exception raised on a rank, as text (the exception itself may not travel).
 
-    ``collective``: a :class:`~chainrule.dist.errors.CollectiveError` (the ranks could not
+    ``collective``: a :class:`~chainrule.dist.world.CollectiveError` (the ranks could not
     agree, or the library refused a misuse); ``aborted``: the rank was released because the
     run failed elsewhere.
     """
@@ -191,8 +191,9 @@ def serve(rank: int, config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as td
 
-    from chainrule.dist import api, torchrun, whereabouts
+    from chainrule.dist import torchrun, whereabouts
     from chainrule.dist.torch_backend import TorchWorld
+    from chainrule.dist.world import set_process_world
 
     status = whereabouts.install(config["folder"], rank)
     conn = connect(config["address"])
@@ -210,7 +211,7 @@ def serve(rank: int, config: dict[str, Any]) -> None:
             **({"device_id": device} if backend == "nccl" else {}),
         )
         world = TorchWorld(backend, device, status)
-        api.set_process_world(world)
+        set_process_world(world)
     except BaseException as exc:  # noqa: BLE001 - reported to the pool
         send(conn, Ready(rank, RemoteError.of(exc)))
         return

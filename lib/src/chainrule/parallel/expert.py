@@ -54,7 +54,7 @@ from fractions import Fraction
 import numpy as np
 
 from chainrule import dist
-from chainrule.costs.comm_cost import ring_bytes
+from chainrule.dist.collectives import ring_bytes
 from chainrule.engine import ops
 from chainrule.engine.tensor import ArrayLike, Tensor, as_tensor, no_grad
 from chainrule.parallel import duality

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from chainrule import dist
-from chainrule.costs.comm_cost import ring_bytes
+from chainrule.dist.collectives import ring_bytes
 from chainrule.engine import ops
 from chainrule.engine.tensor import ArrayLike, Tensor
 from chainrule.parallel.placement import (

@@ -72,9 +72,9 @@ from typing import Any
 import numpy as np
 
 from chainrule import dist
-from chainrule.costs.comm_cost import ring_bytes
-from chainrule.dist import api
+from chainrule.dist import world as _world
 from chainrule.dist.calls import Call
+from chainrule.dist.collectives import ring_bytes
 from chainrule.engine import ops
 from chainrule.engine.tensor import Tensor, no_grad
 from chainrule.parallel.placement import (
@@ -536,7 +536,7 @@ class MeasuredMemory:
 class _Recorder:
     """Rank 0's world during a run, which also keeps a copy of every collective's result."""
 
-    def __init__(self, inner: api.World) -> None:
+    def __init__(self, inner: _world.World) -> None:
         self.inner = inner
         self.backend, self.rank, self.world_size = inner.backend, inner.rank, inner.world_size
         self.native, self.device = inner.native, inner.device
@@ -550,7 +550,7 @@ class _Recorder:
     def register_group(self, group: Any) -> None:
         raise TypeError("the memory measurement records the whole world's collectives only")
 
-    def subgroup(self, group: Any) -> api.World:
+    def subgroup(self, group: Any) -> _world.World:
         raise TypeError("the memory measurement records the whole world's collectives only")
 
 
@@ -574,7 +574,7 @@ class _Replay:
     def register_group(self, group: Any) -> None:
         raise TypeError("the replay answers the whole world's collectives only")
 
-    def subgroup(self, group: Any) -> api.World:
+    def subgroup(self, group: Any) -> _world.World:
         raise TypeError("the replay answers the whole world's collectives only")
 
 
@@ -585,8 +585,8 @@ def _recorded_step(
     rank, P = dist.rank(), dist.world_size()
     recorder = None
     if rank == 0:
-        recorder = _Recorder(api.current_world())
-        api.set_rank_world(recorder)
+        recorder = _Recorder(_world.current_world())
+        _world.set_rank_world(recorder)
     zero = Zero.create(layers, params, stage, 0.1, reshard=reshard)
     zero.step(*(_shard_rows(a, rank, P) for a in batch))
     return zero.flat, (recorder.received if recorder is not None else None)
@@ -614,7 +614,7 @@ def measure_memory(
     flats, received = dist.run(_recorded_step, world_size, args=args)[0]
 
     def replay() -> tuple[MeasuredMemory, list[np.ndarray]]:
-        api.set_rank_world(_Replay(received, world_size))
+        _world.set_rank_world(_Replay(received, world_size))
         tracemalloc.start()
         try:
             zero = Zero.create(layers, params, stage, 0.1, reshard=reshard)
