@@ -239,3 +239,68 @@ def test_the_adjoint_helper_checks_its_arguments():
         distributed_adjoint_test(duality.f, [(3,), (4,)], REPLICATED, PER_RANK, 2)
     with pytest.raises(ValueError, match="one per rank"):
         distributed_adjoint_test(duality.f_bar, [(3,)] * 3, PER_RANK, REPLICATED, 2)
+
+
+def _run_row(row):
+    x = Tensor(np.ones((4, 2)), requires_grad=True)
+    y = row.engine_fn(x)
+    dist.barrier()  # the trace's separator between the passes
+    y.backward(np.ones(y.shape))
+
+
+@pytest.mark.parametrize("row", DUALITY_TABLE, ids=lambda r: r.key)
+def test_each_row_runs_the_collectives_it_declares(row):
+    trace = dist.Trace()
+    dist.run(_run_row, 2, args=(row,), trace=trace)
+    ops = trace.ops()
+    cut = ops.index("barrier")
+    assert (tuple(ops[:cut]), tuple(ops[cut + 1 :])) == (row.forward_ops, row.backward_ops)
+
+
+def _row_in_groups(key):
+    """The row on two groups of two ranks each: the same values as on a world of two."""
+    group = dist.grid(2, 2).tp_group
+    x = Tensor(np.arange(8.0).reshape(4, 2) * (dist.rank() + 1), requires_grad=True)
+    y = duality.duality_row(key).engine_fn(x, group=group)
+    y.backward(np.arange(float(np.prod(y.shape))).reshape(y.shape))
+    return y.data, x.grad
+
+
+def _row_alone(key, rank):
+    x = Tensor(np.arange(8.0).reshape(4, 2) * (rank + 1), requires_grad=True)
+    y = duality.duality_row(key).engine_fn(x)
+    y.backward(np.arange(float(np.prod(y.shape))).reshape(y.shape))
+    return y.data, x.grad
+
+
+@pytest.mark.parametrize("row", DUALITY_TABLE, ids=lambda r: r.key)
+def test_every_row_takes_a_group(row):
+    grouped = dist.run(_row_in_groups, 4, args=(row.key,))
+    # ranks 2 and 3 form the second group: they see rank 2's and 3's values as ranks 0 and 1
+    alone = dist.run(lambda: _row_alone(row.key, dist.rank() + 2), 2)
+    for (y, g), (y_alone, g_alone) in zip(grouped[2:], alone, strict=True):
+        np.testing.assert_array_equal(y, y_alone)
+        np.testing.assert_array_equal(g, g_alone)
+
+
+COUNTS = [[0, 2, 1], [3, 0, 1], [1, 1, 0]]  # rank i sends COUNTS[i][j] rows to rank j
+
+
+def _uneven(send_known):
+    r = dist.rank()
+    x = Tensor(np.arange(sum(COUNTS[r]) * 2.0).reshape(-1, 2) + 10 * r, requires_grad=True)
+    receive = None if not send_known else [row[r] for row in COUNTS]
+    y = duality.all_to_all_ranks(x, send_counts=COUNTS[r], recv_counts=receive)
+    y.backward(y.data * 2 + 1)  # the cotangent of each row names the row
+    return x.data, y.data, x.grad
+
+
+@pytest.mark.parametrize("send_known", [True, False])
+def test_the_uneven_all_to_all_row_sends_every_gradient_row_back_where_it_came_from(send_known):
+    results = dist.run(_uneven, 3, args=(send_known,))
+    for r, (x, y, grad) in enumerate(results):
+        expected = np.concatenate(
+            [np.split(results[j][0], np.cumsum(COUNTS[j])[:-1])[r] for j in range(3)]
+        )
+        np.testing.assert_array_equal(y, expected)
+        np.testing.assert_array_equal(grad, x * 2 + 1)  # each row's cotangent came back to it

@@ -15,15 +15,6 @@ from chainrule.parallel.dist_adjoint import compare_with_single_process, distrib
 from chainrule.parallel.duality import DUALITY_TABLE, PER_RANK
 
 TOL = 1e-12
-FUNCTIONS = {
-    "identity": duality_torch.CopyToRanks,
-    "all_reduce": duality_torch.ReduceFromRanks,
-    "all_gather": duality_torch.GatherFromRanks,
-    "all_gather_replicated": duality_torch.GatherReplicated,
-    "reduce_scatter": duality_torch.ReduceScatterToRanks,
-    "all_to_all": duality_torch.AllToAllRanks,
-    "split": duality_torch.SplitToRanks,
-}
 
 
 def input_shape(row):
@@ -36,10 +27,10 @@ def random_inputs(row, world_size, seed=1, shape=None):
     return [rng.standard_normal(shape or input_shape(row)) for _ in range(count)]
 
 
-def test_every_row_has_a_torch_autograd_function():
-    assert {row.key for row in DUALITY_TABLE} == set(FUNCTIONS)
+def test_every_row_runs_on_the_torch_autograd_function():
+    assert {row.key for row in DUALITY_TABLE} == set(duality_torch.ROWS)
+    assert issubclass(duality_torch.Row, torch.autograd.Function)
     for row in DUALITY_TABLE:
-        assert issubclass(FUNCTIONS[row.key], torch.autograd.Function)
         assert row.torch_fn.__name__ == row.engine_fn.__name__
     assert duality_torch.f is duality_torch.copy_to_ranks
     assert duality_torch.f_bar is duality_torch.reduce_from_ranks
@@ -173,3 +164,27 @@ def test_no_backward_writes_into_a_gradient_someone_holds():
         assert cases["sent to two branches"] == (g, [], [3.0 + rank + 1.0] * 4)
         assert cases["second derivative graph"] == (g, [], [6.0] * 4)
         assert cases["retained"] == (g, [[6.0] * 4], [12.0] * 4)
+
+
+COUNTS = [[0, 2, 1], [3, 0, 1], [1, 1, 0]]  # rank i sends COUNTS[i][j] rows to rank j
+
+
+def uneven_dispatch(send_known):
+    r = dist.rank()
+    x = torch.arange(sum(COUNTS[r]) * 2.0, dtype=torch.float64).reshape(-1, 2) + 10 * r
+    x.requires_grad_(True)
+    receive = [row[r] for row in COUNTS] if send_known else None
+    y = duality_torch.all_to_all_ranks(x, send_counts=COUNTS[r], recv_counts=receive)
+    y.backward(y.detach() * 2 + 1)  # the cotangent of each row names the row
+    return x.detach().numpy(), y.detach().numpy(), x.grad.numpy()
+
+
+@pytest.mark.parametrize("send_known", [True, False])
+def test_the_uneven_torch_all_to_all_row_sends_every_gradient_row_back(send_known):
+    results = dist.run(uneven_dispatch, 3, "gloo", args=(send_known,))
+    for r, (x, y, grad) in enumerate(results):
+        expected = np.concatenate(
+            [np.split(results[j][0], np.cumsum(COUNTS[j])[:-1])[r] for j in range(3)]
+        )
+        np.testing.assert_array_equal(y, expected)
+        np.testing.assert_array_equal(grad, x * 2 + 1)

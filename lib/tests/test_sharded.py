@@ -19,7 +19,6 @@ from chainrule.parallel.placement import (
     Shard,
     all_placements,
     parse_placement,
-    row_collectives,
     transition,
 )
 
@@ -80,9 +79,18 @@ def test_placements_parse_and_print():
 def test_each_transition_is_the_row_the_table_names(source, target, fan_out):
     step = transition(source, target, fan_out)
     assert (step.forward_ops, step.backward_ops) == EXPECTED[(source, target, fan_out)]
-    # What the transition reports is what its duality rows run.
-    forward = tuple(op for row in step.rows for op in row_collectives(row.key)[0])
-    assert step.forward_ops == forward
+    # What the transition declares is what its duality rows run, forward and backward.
+    trace = dist.Trace()
+    dist.run(_run_transition, 2, args=(step,), trace=trace)
+    ops = trace.ops()
+    cut = ops.index("barrier")
+    assert (tuple(ops[:cut]), tuple(ops[cut + 1 :])) == (step.forward_ops, step.backward_ops)
+
+
+def _run_transition(step):
+    y = step.apply(Tensor(np.ones((4, 4)), requires_grad=True))
+    dist.barrier()  # the trace's separator between the passes
+    y.backward(np.ones(y.shape))
 
 
 def test_nothing_redistributes_to_partial_and_fan_out_needs_a_replicated_target():

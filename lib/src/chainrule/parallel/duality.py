@@ -23,7 +23,9 @@ reduce_from_ranks`` are the conjugate pair of tensor parallelism.
 Every rank must run the same program: the backward collectives are called from inside
 ``backward()``, so all ranks must backpropagate through the same collectives in the same
 order (the engine's topological order depends only on the graph, so identical programs
-agree). Shards along an axis must have equal sizes on every rank.
+agree). Shards along an axis must have equal sizes on every rank (an uneven all-to-all sends
+the sizes it is given). Every row takes ``group=``: the ranks among which it moves the value
+(default: the world).
 """
 
 from __future__ import annotations
@@ -35,24 +37,13 @@ from typing import Any, Literal
 import numpy as np
 
 from chainrule import dist
+from chainrule.dist.chunks import chunk
 from chainrule.engine import ops
 from chainrule.engine.tensor import ArrayLike, Tensor, as_tensor
 
 Kind = Literal["replicated", "per_rank"]
 REPLICATED: Kind = "replicated"
 PER_RANK: Kind = "per_rank"
-
-
-def _chunk(array: np.ndarray, index: int, parts: int, axis: int) -> np.ndarray:
-    """Chunk ``index`` of ``parts`` equal chunks of ``array`` along ``axis`` (a copy)."""
-    length = array.shape[axis]
-    if length % parts:
-        raise ValueError(
-            f"axis {axis} of shape {array.shape} has length {length}, "
-            f"which does not split into {parts} equal chunks (one per rank)"
-        )
-    size = length // parts
-    return np.take(array, np.arange(index * size, (index + 1) * size), axis=axis)
 
 
 # -- the rows, on engine tensors -----------------------------------------------------------
@@ -93,7 +84,7 @@ def reduce_from_ranks(x: ArrayLike, group: dist.Group | None = None) -> Tensor:
     return Tensor.from_op(out, (x,), vjp, "reduce_from_ranks")
 
 
-def gather_from_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
+def gather_from_ranks(x: ArrayLike, axis: int = 0, group: dist.Group | None = None) -> Tensor:
     """All-gather forward (downstream differs per rank), reduce-scatter backward.
 
     Global map: the shards ``x_1, …, x_P`` are assembled into ``c = [x_1; …; x_P]`` along
@@ -106,15 +97,15 @@ def gather_from_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
     rank (different weights, data or loss terms); see :func:`gather_replicated` otherwise.
     """
     x = as_tensor(x)
-    out = np.asarray(dist.all_gather(x.data, axis=axis))
+    out = np.asarray(dist.all_gather(x.data, axis=axis, group=group))
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (np.asarray(dist.reduce_scatter(g, op=dist.ReduceOp.SUM, axis=axis)),)
+        return (np.asarray(dist.reduce_scatter(g, dist.ReduceOp.SUM, axis, group=group)),)
 
     return Tensor.from_op(out, (x,), vjp, "gather_from_ranks")
 
 
-def gather_replicated(x: ArrayLike, axis: int = 0) -> Tensor:
+def gather_replicated(x: ArrayLike, axis: int = 0, group: dist.Group | None = None) -> Tensor:
     """All-gather forward (downstream replicated), split backward: keep your own slice.
 
     Global map: ``(x_1, …, x_P) ↦ y = [x_1; …; x_P]``, one *replicated* value: every rank
@@ -131,16 +122,16 @@ def gather_replicated(x: ArrayLike, axis: int = 0) -> Tensor:
     and return P times the gradient; the split is right.
     """
     x = as_tensor(x)
-    out = np.asarray(dist.all_gather(x.data, axis=axis))
-    rank, world = dist.rank(), dist.world_size()
+    out = np.asarray(dist.all_gather(x.data, axis=axis, group=group))
+    rank, world = dist.rank(group), dist.world_size(group)
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (_chunk(g, rank, world, axis),)
+        return (chunk(g, rank, world, axis).copy(),)
 
     return Tensor.from_op(out, (x,), vjp, "gather_replicated")
 
 
-def reduce_scatter_to_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
+def reduce_scatter_to_ranks(x: ArrayLike, axis: int = 0, group: dist.Group | None = None) -> Tensor:
     """Reduce-scatter forward, all-gather backward.
 
     Global map: ``(x_1, …, x_P) ↦ (y_1, …, y_P)`` with ``y_q = Σ_p x_p[q]``, slice q of the sum
@@ -150,16 +141,23 @@ def reduce_scatter_to_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
     backward swapped (the adjoint of a map, not its inverse: ``S_q`` has no inverse).
     """
     x = as_tensor(x)
-    out = np.asarray(dist.reduce_scatter(x.data, op=dist.ReduceOp.SUM, axis=axis))
+    out = np.asarray(dist.reduce_scatter(x.data, dist.ReduceOp.SUM, axis, group=group))
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (np.asarray(dist.all_gather(g, axis=axis)),)
+        return (np.asarray(dist.all_gather(g, axis=axis, group=group)),)
 
     return Tensor.from_op(out, (x,), vjp, "reduce_scatter_to_ranks")
 
 
-def all_to_all_ranks(x: ArrayLike, split_axis: int = 0, concat_axis: int = 0) -> Tensor:
-    """All-to-all forward, all-to-all with the axes swapped backward.
+def all_to_all_ranks(
+    x: ArrayLike,
+    split_axis: int = 0,
+    concat_axis: int = 0,
+    send_counts: Sequence[int] | None = None,
+    recv_counts: Sequence[int] | None = None,
+    group: dist.Group | None = None,
+) -> Tensor:
+    """All-to-all forward, all-to-all with the axes swapped (and the counts transposed) backward.
 
     Global map: rank p cuts ``x_p`` into P chunks along ``split_axis`` and sends chunk q to
     rank q, which concatenates what it receives along ``concat_axis`` in source-rank order:
@@ -167,18 +165,23 @@ def all_to_all_ranks(x: ArrayLike, split_axis: int = 0, concat_axis: int = 0) ->
     permutation matrix Π. VJP: ``Πᵀ = Π⁻¹``, the inverse permutation — rank q cuts ``ȳ_q`` along
     ``concat_axis``, sends piece p back to rank p, which reassembles along ``split_axis``:
     ``all_to_all(ȳ, split_axis=concat_axis, concat_axis=split_axis)``. Per-rank in and out.
+    Uneven (``send_counts``, see :func:`chainrule.dist.all_to_all`): what rank q received from
+    p goes back, so the backward sends ``recv_counts`` and receives ``send_counts``; without
+    ``recv_counts`` the ranks learn them first, from an all-to-all of the counts.
     """
     x = as_tensor(x)
-    out = np.asarray(dist.all_to_all(x.data, split_axis=split_axis, concat_axis=concat_axis))
+    if send_counts is not None and recv_counts is None:
+        recv_counts = np.asarray(dist.all_to_all(np.array(send_counts), group=group)).tolist()
+    out = dist.all_to_all(x.data, split_axis, concat_axis, send_counts, recv_counts, group)
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        back = dist.all_to_all(g, split_axis=concat_axis, concat_axis=split_axis)
+        back = dist.all_to_all(g, concat_axis, split_axis, recv_counts, send_counts, group)
         return (np.asarray(back),)
 
-    return Tensor.from_op(out, (x,), vjp, "all_to_all_ranks")
+    return Tensor.from_op(np.asarray(out), (x,), vjp, "all_to_all_ranks")
 
 
-def split_to_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
+def split_to_ranks(x: ArrayLike, axis: int = 0, group: dist.Group | None = None) -> Tensor:
     """Split (scatter) forward: each rank keeps its own chunk of a replicated value; all-gather
     backward.
 
@@ -189,10 +192,10 @@ def split_to_ranks(x: ArrayLike, axis: int = 0) -> Tensor:
     summing the P slices' disjoint contributions). An all-gather, so ``x̄`` is replicated.
     """
     x = as_tensor(x)
-    out = _chunk(x.data, dist.rank(), dist.world_size(), axis)
+    out = chunk(x.data, dist.rank(group), dist.world_size(group), axis).copy()
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (np.asarray(dist.all_gather(g, axis=axis)),)
+        return (np.asarray(dist.all_gather(g, axis=axis, group=group)),)
 
     return Tensor.from_op(out, (x,), vjp, "split_to_ranks")
 
@@ -211,14 +214,6 @@ def _concat(parts: Sequence[Any], axis: int) -> Any:
     import torch
 
     return torch.cat(list(parts), dim=axis)
-
-
-def _slice(t: Any, index: int, parts: int, axis: int) -> Any:
-    """Chunk ``index`` of ``parts`` equal chunks of ``t`` along ``axis`` (differentiable)."""
-    size = t.shape[axis] // parts
-    where = [slice(None)] * len(t.shape)
-    where[axis] = slice(index * size, (index + 1) * size)
-    return t[tuple(where)]
 
 
 def _sum(parts: Sequence[Any]) -> Any:
@@ -252,7 +247,7 @@ def global_gather_replicated(xs: Sequence[Any], world_size: int, axis: int = 0) 
 def global_reduce_scatter(xs: Sequence[Any], world_size: int, axis: int = 0) -> list[Any]:
     """One process: the sum of the P inputs, cut into P slices, slice q for consumer q."""
     total = _sum(xs)
-    return [_slice(total, q, world_size, axis) for q in range(world_size)]
+    return [chunk(total, q, world_size, axis) for q in range(world_size)]
 
 
 def global_all_to_all(
@@ -260,7 +255,7 @@ def global_all_to_all(
 ) -> list[Any]:
     """One process: output q is chunk q of every input, concatenated in input order."""
     return [
-        _concat([_slice(x, q, world_size, split_axis) for x in xs], concat_axis)
+        _concat([chunk(x, q, world_size, split_axis) for x in xs], concat_axis)
         for q in range(world_size)
     ]
 
@@ -268,7 +263,7 @@ def global_all_to_all(
 def global_split(xs: Sequence[Any], world_size: int, axis: int = 0) -> list[Any]:
     """One process: the one input cut into P slices, slice p for consumer p."""
     (x,) = xs
-    return [_slice(x, p, world_size, axis) for p in range(world_size)]
+    return [chunk(x, p, world_size, axis) for p in range(world_size)]
 
 
 # -- the table as data -------------------------------------------------------------------------
@@ -283,17 +278,18 @@ class DualityRow:
     ``syllabus_reasoning`` is the syllabus's own reasoning for its rows, word for word: a
     quotation, kept to be shown as one, not a claim of this library (the reduce-scatter row's,
     "the exact inverse", says more than is true: the row is the all-gather row's transpose, and
-    an all-gather followed by a reduce-scatter multiplies by P). ``engine_fn`` is the differentiable
-    collective on engine tensors (:mod:`chainrule.parallel.duality`), :attr:`torch_fn` the same on
-    torch tensors (:mod:`chainrule.parallel.duality_torch`, imported on first use), both callable as
-    ``fn(x)`` with default axes. ``input_kind`` and ``output_kind`` say whether the input and output
-    are replicated or per-rank (see the module docstring), and ``global_fn(xs, world_size)`` is the
-    same global map on one process: it takes the list of
-    per-rank inputs (one element when the input is replicated) and returns the list of
-    per-rank outputs (one element when the output is replicated). ``in_syllabus`` is False
-    for the row added to the syllabus's table. ``splits_input`` is True when the forward cuts
-    each rank's input into P slices along its axis (reduce-scatter, all-to-all, split), so an
-    example input must hold P slices there.
+    an all-gather followed by a reduce-scatter multiplies by P). ``forward_ops`` and
+    ``backward_ops`` are the collectives each pass runs, as a :class:`chainrule.dist.Trace`
+    names them (the tests run every row and compare). ``engine_fn`` is the differentiable
+    collective on engine tensors, :attr:`torch_fn` the same on torch tensors
+    (:mod:`chainrule.parallel.duality_torch`, imported on first use), both callable as ``fn(x)``
+    with default axes. ``input_kind`` and ``output_kind`` say whether the input and output are
+    replicated or per-rank (see the module docstring), and ``global_fn(xs, world_size)`` is the
+    same global map on one process: it takes the list of per-rank inputs (one element when the
+    input is replicated) and returns the list of per-rank outputs (one element when the output
+    is replicated). ``in_syllabus`` is False for the row added to the syllabus's table.
+    ``splits_input`` is True when the forward cuts each rank's input into P slices along its
+    axis (reduce-scatter, all-to-all, split), so an example input must hold P slices there.
     """
 
     key: str
@@ -304,6 +300,8 @@ class DualityRow:
     input_kind: Kind
     output_kind: Kind
     global_fn: Callable[..., list[Any]]
+    forward_ops: tuple[str, ...]
+    backward_ops: tuple[str, ...]
     splits_input: bool = False
     in_syllabus: bool = True
     syllabus_reasoning: str | None = None
@@ -330,6 +328,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=REPLICATED,
         output_kind=PER_RANK,
         global_fn=global_copy,
+        forward_ops=(),
+        backward_ops=("all_reduce",),
     ),
     DualityRow(
         key="all_reduce",
@@ -346,6 +346,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=REPLICATED,
         global_fn=global_reduce,
+        forward_ops=("all_reduce",),
+        backward_ops=(),
     ),
     DualityRow(
         key="all_gather",
@@ -363,6 +365,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_gather,
+        forward_ops=("all_gather",),
+        backward_ops=("reduce_scatter",),
     ),
     DualityRow(
         key="reduce_scatter",
@@ -377,6 +381,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_reduce_scatter,
+        forward_ops=("reduce_scatter",),
+        backward_ops=("all_gather",),
         splits_input=True,
     ),
     DualityRow(
@@ -392,6 +398,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=PER_RANK,
         global_fn=global_all_to_all,
+        forward_ops=("all_to_all",),
+        backward_ops=("all_to_all",),
         splits_input=True,
     ),
     DualityRow(
@@ -407,6 +415,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=REPLICATED,
         output_kind=PER_RANK,
         global_fn=global_split,
+        forward_ops=(),
+        backward_ops=("all_gather",),
         splits_input=True,
     ),
     DualityRow(
@@ -421,6 +431,8 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         input_kind=PER_RANK,
         output_kind=REPLICATED,
         global_fn=global_gather_replicated,
+        forward_ops=("all_gather",),
+        backward_ops=(),
         in_syllabus=False,
     ),
 )

@@ -1,11 +1,11 @@
-"""The duality table as ``torch.autograd.Function``s on ``torch.distributed``.
+"""The duality table as one ``torch.autograd.Function`` on ``torch.distributed``.
 
-The same rows as :mod:`chainrule.parallel.duality` (read its docstrings for the math: the forward
-map, its Jacobian and the VJP), for torch tensors in real processes with a process group
-initialised — for example inside ``chainrule.dist.run(fn, P, backend="gloo")``. Each row is
-one small Function: its ``forward`` calls the row's forward collective, its ``backward`` the
-backward collective. The lower-case functions are the ones to call; ``group`` is the process
-group (``None``: the default, whole world).
+The same rows as :mod:`chainrule.parallel.duality` (read its docstrings for the math: the
+forward map, its Jacobian and the VJP), for torch tensors in real processes with a process group
+initialised — for example inside ``chainrule.dist.run(fn, P, backend="gloo")``. :class:`Row`
+runs a row's forward collective in the forward pass and its backward collective in the backward
+pass; each function below is one row, its two collectives side by side. ``group`` is the
+process group (``None``: the default, whole world).
 
 Every collective writes into memory of its own, so neither an input nor an incoming gradient
 is ever written into: an all-reduce reduces a copy.
@@ -13,13 +13,17 @@ is ever written into: an all-reduce reduces a copy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as td
 
+from chainrule.dist.chunks import chunk
+
 Group = Any  # a torch.distributed ProcessGroup, or None for the default group
+Collective = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
@@ -32,185 +36,133 @@ def _all_reduce(x: torch.Tensor, group: Group) -> torch.Tensor:
 def _all_gather(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
     """[x_0; …; x_{P−1}] along ``axis``."""
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(_size(group))]
+    parts = [torch.empty_like(x) for _ in range(td.get_world_size(group))]
     td.all_gather(parts, x, group=group)
     return torch.cat(parts, dim=axis)
 
 
 def _reduce_scatter(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
     """Chunk r (along ``axis``) of Σ_j x_j, on rank r."""
-    chunks = [c.contiguous() for c in _chunks(x, axis, group)]
+    P = td.get_world_size(group)
+    chunks = [chunk(x, r, P, axis).contiguous() for r in range(P)]
     out = torch.empty_like(chunks[0])
     td.reduce_scatter(out, chunks, group=group)
     return out
 
 
-def _all_to_all(x: torch.Tensor, split_axis: int, concat_axis: int, group: Group) -> torch.Tensor:
-    """Chunk j of x to rank j; what every rank sent here, concatenated along ``concat_axis``."""
-    sends = [c.contiguous() for c in _chunks(x, split_axis, group)]
-    receives = [torch.empty_like(chunk) for chunk in sends]
+def _all_to_all(
+    x: torch.Tensor,
+    split_axis: int,
+    concat_axis: int,
+    group: Group,
+    send: Sequence[int] | None = None,
+    receive: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Chunk j of x to rank j; what every rank sent here, concatenated along ``concat_axis``.
+    Uneven: ``send[j]`` slices to rank j, ``receive[j]`` from it, along ``split_axis``."""
+    if send is not None and receive is not None:
+        rows = x.movedim(split_axis, 0).contiguous()
+        out = rows.new_empty((sum(receive), *rows.shape[1:]))
+        td.all_to_all_single(out, rows, list(receive), list(send), group=group)
+        return out.movedim(0, split_axis)
+    P = td.get_world_size(group)
+    sends = [chunk(x, r, P, split_axis).contiguous() for r in range(P)]
+    receives = [torch.empty_like(part) for part in sends]
     td.all_to_all(receives, sends, group=group)
     return torch.cat(receives, dim=concat_axis)
 
 
 def _own_chunk(x: torch.Tensor, axis: int, group: Group) -> torch.Tensor:
     """This rank's chunk of x along ``axis`` (a copy)."""
-    return _chunks(x, axis, group)[td.get_rank(group)].clone(memory_format=torch.contiguous_format)
+    own = chunk(x, td.get_rank(group), td.get_world_size(group), axis)
+    return own.clone(memory_format=torch.contiguous_format)
 
 
-def _chunks(x: torch.Tensor, axis: int, group: Group) -> tuple[torch.Tensor, ...]:
-    """x cut into one chunk per rank along ``axis`` (views)."""
-    parts = _size(group)
-    if x.shape[axis] % parts:
-        raise ValueError(
-            f"axis {axis} of shape {tuple(x.shape)} has length {x.shape[axis]}, "
-            f"which does not split into {parts} equal chunks (one per rank)"
-        )
-    return torch.chunk(x, parts, dim=axis)
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x.view_as(x)
 
 
-def _size(group: Group) -> int:
-    return int(td.get_world_size(group))
+class Row(torch.autograd.Function):
+    """A row of the duality table: ``forward(x)`` in the forward pass, ``backward(grad)`` in the
+    backward pass (the row's two collectives; nothing else of the call gets a gradient)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, forward: Collective, backward: Collective
+    ) -> torch.Tensor:
+        ctx.backward = backward
+        return forward(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return ctx.backward(grad), None, None
 
 
 # -- the rows -----------------------------------------------------------------------------------
 
 
-class CopyToRanks(torch.autograd.Function):
-    """``f``: identity forward on a replicated value, all-reduce (sum) backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group = None) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad, ctx.group), None
-
-
-class ReduceFromRanks(torch.autograd.Function):
-    """``f̄``: all-reduce (sum) forward of per-rank partial results, identity backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Group = None) -> torch.Tensor:
-        return _all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
-class GatherFromRanks(torch.autograd.Function):
-    """All-gather forward with per-rank downstream, reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-        ctx.axis, ctx.group = axis, group
-        return _all_gather(x, axis, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _reduce_scatter(grad, ctx.axis, ctx.group), None, None
-
-
-class GatherReplicated(torch.autograd.Function):
-    """All-gather forward with replicated downstream (counted once), split backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-        ctx.axis, ctx.group = axis, group
-        return _all_gather(x, axis, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _own_chunk(grad, ctx.axis, ctx.group), None, None
-
-
-class ReduceScatterToRanks(torch.autograd.Function):
-    """Reduce-scatter (sum) forward, all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-        ctx.axis, ctx.group = axis, group
-        return _reduce_scatter(x, axis, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _all_gather(grad, ctx.axis, ctx.group), None, None
-
-
-class AllToAllRanks(torch.autograd.Function):
-    """All-to-all forward, all-to-all with ``split_axis`` and ``concat_axis`` swapped backward."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: torch.Tensor,
-        split_axis: int = 0,
-        concat_axis: int = 0,
-        group: Group = None,
-    ) -> torch.Tensor:
-        ctx.axes, ctx.group = (split_axis, concat_axis), group
-        return _all_to_all(x, split_axis, concat_axis, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        split_axis, concat_axis = ctx.axes
-        return _all_to_all(grad, concat_axis, split_axis, ctx.group), None, None, None
-
-
-class SplitToRanks(torch.autograd.Function):
-    """Split forward (each rank keeps its chunk of a replicated value), all-gather backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-        ctx.axis, ctx.group = axis, group
-        return _own_chunk(x, axis, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        return _all_gather(grad, ctx.axis, ctx.group), None, None
-
-
-# -- the functions to call ------------------------------------------------------------------
-
-
 def copy_to_ranks(x: torch.Tensor, group: Group = None) -> torch.Tensor:
-    """``f``: identity forward, all-reduce (sum) backward (see :class:`CopyToRanks`)."""
-    return CopyToRanks.apply(x, group)
+    """``f``: identity forward on a replicated value, all-reduce (sum) backward."""
+    return Row.apply(x, _identity, partial(_all_reduce, group=group))
 
 
 def reduce_from_ranks(x: torch.Tensor, group: Group = None) -> torch.Tensor:
-    """``f̄``: all-reduce (sum) forward, identity backward (see :class:`ReduceFromRanks`)."""
-    return ReduceFromRanks.apply(x, group)
+    """``f̄``: all-reduce (sum) forward of per-rank partial results, identity backward."""
+    return Row.apply(x, partial(_all_reduce, group=group), _identity)
 
 
 def gather_from_ranks(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-    """All-gather forward, reduce-scatter backward (see :class:`GatherFromRanks`)."""
-    return GatherFromRanks.apply(x, axis, group)
+    """All-gather forward with per-rank downstream, reduce-scatter backward."""
+    return Row.apply(
+        x,
+        partial(_all_gather, axis=axis, group=group),
+        partial(_reduce_scatter, axis=axis, group=group),
+    )
 
 
 def gather_replicated(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-    """All-gather forward, split backward (see :class:`GatherReplicated`)."""
-    return GatherReplicated.apply(x, axis, group)
+    """All-gather forward with replicated downstream (counted once), split backward."""
+    return Row.apply(
+        x, partial(_all_gather, axis=axis, group=group), partial(_own_chunk, axis=axis, group=group)
+    )
 
 
 def reduce_scatter_to_ranks(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-    """Reduce-scatter forward, all-gather backward (see :class:`ReduceScatterToRanks`)."""
-    return ReduceScatterToRanks.apply(x, axis, group)
+    """Reduce-scatter (sum) forward, all-gather backward."""
+    return Row.apply(
+        x,
+        partial(_reduce_scatter, axis=axis, group=group),
+        partial(_all_gather, axis=axis, group=group),
+    )
 
 
 def all_to_all_ranks(
-    x: torch.Tensor, split_axis: int = 0, concat_axis: int = 0, group: Group = None
+    x: torch.Tensor,
+    split_axis: int = 0,
+    concat_axis: int = 0,
+    send_counts: Sequence[int] | None = None,
+    recv_counts: Sequence[int] | None = None,
+    group: Group = None,
 ) -> torch.Tensor:
-    """All-to-all forward, transposed all-to-all backward (see :class:`AllToAllRanks`)."""
-    return AllToAllRanks.apply(x, split_axis, concat_axis, group)
+    """All-to-all forward, all-to-all with ``split_axis`` and ``concat_axis`` swapped (and the
+    counts transposed: what arrived goes back) backward. Uneven with ``send_counts``, along
+    ``split_axis``; without ``recv_counts`` the ranks first exchange the counts."""
+    if send_counts is not None and recv_counts is None:
+        counts = torch.tensor(list(send_counts), dtype=torch.int64)
+        recv_counts = _all_to_all(counts, 0, 0, group).tolist()
+    forward = partial(_all_to_all, split_axis=split_axis, concat_axis=concat_axis, group=group)
+    backward = partial(_all_to_all, split_axis=concat_axis, concat_axis=split_axis, group=group)
+    return Row.apply(
+        x, partial(forward, send=send_counts, receive=recv_counts),
+        partial(backward, send=recv_counts, receive=send_counts),
+    )  # fmt: skip
 
 
 def split_to_ranks(x: torch.Tensor, axis: int = 0, group: Group = None) -> torch.Tensor:
-    """Keep this rank's chunk forward, all-gather backward (see :class:`SplitToRanks`)."""
-    return SplitToRanks.apply(x, axis, group)
+    """Keep this rank's chunk forward (of a replicated value), all-gather backward."""
+    return Row.apply(
+        x, partial(_own_chunk, axis=axis, group=group), partial(_all_gather, axis=axis, group=group)
+    )
 
 
 f = copy_to_ranks

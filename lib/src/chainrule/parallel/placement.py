@@ -39,20 +39,16 @@ already replicated: :func:`fan_out` marks the point where it enters per-rank com
 identity forward and all-reduce backward (``f`` of tensor parallelism).
 
 Nothing here writes a backward: :meth:`Transition.apply` calls the engine function of each
-row (``row.engine_fn``), whose VJP is the row's backward collective, and the collectives a row
-runs are read off a run of that row (:func:`row_collectives`).
+row (``row.engine_fn``), whose VJP is the row's backward collective, and the collectives of a
+transition are those its rows declare (``row.forward_ops``, ``row.backward_ops``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from chainrule import dist
-from chainrule.costs.comm_cost import ring_bytes
+from chainrule.dist.collectives import ring_bytes
 from chainrule.engine.tensor import Tensor
 from chainrule.parallel.duality import DualityRow, duality_row
 
@@ -115,33 +111,6 @@ def normalize(placement: Placement, ndim: int) -> Placement:
     return placement
 
 
-# -- the collectives each row runs, read off a run of the row -----------------------------------
-
-
-def _run_row_once(key: str) -> None:
-    row = duality_row(key)
-    shape = (2 * 2, 2) if row.splits_input else (2, 2)
-    x = Tensor(np.ones(shape), requires_grad=True)
-    y = row.engine_fn(x)
-    dist.barrier()  # the trace's separator between the passes
-    y.backward(np.ones(y.shape))
-
-
-@functools.cache
-def row_collectives(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The collectives row ``key`` of the duality table runs in its forward and in its
-    backward pass, as a :class:`chainrule.dist.Trace` names them (``("all_gather",)``).
-
-    Read off one run of the row's engine function on two simulated ranks, so that what the
-    lessons print is what the code does.
-    """
-    trace = dist.Trace()
-    dist.run(_run_row_once, 2, args=(key,), trace=trace)
-    ops = trace.ops()
-    cut = ops.index("barrier")
-    return tuple(ops[:cut]), tuple(ops[cut + 1 :])
-
-
 def collective_text(ops: Sequence[str]) -> str:
     """``("reduce_scatter",)`` as ``"reduce-scatter"``; nothing as ``"none"``."""
     return ", ".join(op.replace("_", "-") for op in ops) or "none"
@@ -186,11 +155,11 @@ class Transition:
 
     @property
     def forward_ops(self) -> tuple[str, ...]:
-        return tuple(op for step in self.steps for op in row_collectives(step.key)[0])
+        return tuple(op for step in self.steps for op in step.row.forward_ops)
 
     @property
     def backward_ops(self) -> tuple[str, ...]:
-        return tuple(op for step in reversed(self.steps) for op in row_collectives(step.key)[1])
+        return tuple(op for step in reversed(self.steps) for op in step.row.backward_ops)
 
     @property
     def forward_text(self) -> str:
