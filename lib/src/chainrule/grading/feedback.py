@@ -19,8 +19,7 @@ To make nbgrader's own ``generate_feedback`` (and the formgrader's button) strip
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from nbconvert.exporters.exporter import ResourcesDict
 from nbformat import NotebookNode
@@ -136,17 +135,3 @@ def generate_feedback(config: Config, assignment: str, student: str) -> dict[str
     app = GenerateFeedback(coursedir=coursedir, config=config)
     app.force = True
     return capture_log(app)
-
-
-def feedback_files(feedback_dir: Path) -> list[Path]:
-    """The HTML files in one student's feedback folder."""
-    return sorted(feedback_dir.glob("*.html")) if feedback_dir.exists() else []
-
-
-def leaked_lines(html_files: Iterable[Path], markers: Iterable[str]) -> list[str]:
-    """``file: marker`` for every marker string found in the given feedback files."""
-    found: list[str] = []
-    for path in html_files:
-        text = path.read_text(errors="replace")
-        found.extend(f"{path.name}: {marker}" for marker in markers if marker in text)
-    return found

@@ -31,7 +31,6 @@ from chainrule.grading.config import CONFIG_FILENAME, load_config
 if TYPE_CHECKING:
     from chainrule.grading.sandbox import StudentSandbox
 
-PROBLEM_KEYS = ("type_changed", "changed", "failed")
 _VALIDATED = itertools.count()  # notebooks validated in a sandbox by this process
 
 #: Characters per line of a message a student reads: nbgrader's printed report (this command)
