@@ -128,9 +128,9 @@ class EngineMLP:
     def __init__(self, params: list[np.ndarray], x: np.ndarray, t: np.ndarray) -> None:
         from chainrule import Tensor
         from chainrule.engine import layers as nn
-        from chainrule.engine import ops
+        from chainrule.engine import ops, optim
 
-        self._nn, self._ops = nn, ops
+        self._nn, self._ops = optim, ops
         width = params[0].shape[1]
         widths = [width, width, width, CLASSES]
         self.model = nn.MLP(widths, np.random.default_rng(0), activation="tanh", dtype=DTYPE)

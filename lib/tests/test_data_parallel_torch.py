@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from chainrule import Tensor, dist
-from chainrule.engine import ops
+from chainrule.engine import ops, optim
 from chainrule.parallel.data_parallel import (
     accumulate_gradients,
     average_gradients,
@@ -17,7 +17,6 @@ from chainrule.parallel.data_parallel import (
     gradients_of,
     joined_epoch,
     padded_epoch,
-    sgd_step,
     sync_batch_norm,
     token_weighted_gradients,
     unflatten_gradients,
@@ -28,6 +27,12 @@ from chainrule.parallel.tensor_parallel import init_mlp_weights, single_device_m
 D_IN, HIDDEN, CLASSES, ROWS, STEPS, LR = 4, 6, 3, 24, 10, 0.5
 MAX_NORM = 0.3
 VARIANTS = ("mean", "tokens", "clip", "accumulate")
+
+
+def sgd_step(params, lr):
+    """Plain SGD, then the gradients forgotten for the next step."""
+    optim.sgd_step(params, lr)
+    optim.zero_grad(params)
 
 
 def make_batches(seed, masked):

@@ -166,5 +166,38 @@ def test_backward_of_each_all_to_all_swaps_its_axes_and_bytes_match_the_report()
 
 def test_experts_must_split_evenly_over_the_ranks():
     weights, x, cotangent = _case(3, experts_per_rank=1)
-    with pytest.raises(dist.RankError, match="equal shares"):
+    with pytest.raises(dist.RankError, match="equal chunks"):
         dist.run(ex.expert_parallel_step, 2, args=(weights, x[:2], cotangent[:2], 1.0))
+
+
+def _dropless_on_rank(weights, x, cotangent):
+    rank, P = dist.rank(), dist.world_size()
+    router, router_bias, w1, w2 = (
+        Tensor(a, requires_grad=True) for a in weights.shard(rank, P).as_tuple()
+    )
+    x_leaf = Tensor(x[rank], requires_grad=True)
+    y, arriving = ex.dropless_moe(x_leaf, router, router_bias, w1, w2)
+    (y * cotangent[rank]).sum().backward()
+    return y.data, x_leaf.grad, w1.grad, router.grad, arriving
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_dropless_routing_is_the_layer_with_room_for_every_token(world_size):
+    E, T, d = 2 * world_size, 5, 3
+    weights = ex.init_expert_weights(d, 4, E, skew=2.0, seed=7)  # uneven loads, some zero
+    rng = np.random.default_rng(8)
+    x, cotangent = rng.standard_normal((2, world_size, T, d))
+    ranks = dist.run(_dropless_on_rank, world_size, args=(weights, x, cotangent))
+    one = ex.one_process_step(weights, x, cotangent, capacity_factor=E)  # C = T: no drop
+    assert all(r.dropped == 0 for r in one.routings)
+    for p, (y, x_grad, w1_grad, router_grad, arriving) in enumerate(ranks):
+        np.testing.assert_allclose(y, one.y[p], atol=1e-12)
+        np.testing.assert_allclose(x_grad, one.x_grad[p], atol=1e-12)
+        np.testing.assert_allclose(
+            w1_grad, one.grads.w1[ex.experts_of_rank(p, E, world_size)], atol=1e-12
+        )
+        np.testing.assert_allclose(router_grad, one.grads.router, atol=1e-12)
+        loads = [r.load for r in one.routings]
+        np.testing.assert_array_equal(
+            arriving, [load[ex.experts_of_rank(p, E, world_size)] for load in loads]
+        )

@@ -87,7 +87,7 @@ def test_shards_reassemble_into_the_full_weights():
     np.testing.assert_array_equal(np.concatenate([s.w2 for s in shards], axis=0), weights.w2)
     for s in shards:
         np.testing.assert_array_equal(s.b2, weights.b2)
-    with pytest.raises(ValueError, match="hidden width 12"):
+    with pytest.raises(ValueError, match="hidden width has length 12"):
         shard_mlp_weights(weights, 0, 5)
 
 

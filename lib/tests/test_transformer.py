@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from chainrule import Tensor, dist
+from chainrule.engine.optim import SGD
 from chainrule.parallel import transformer as tf
+from chainrule.parallel.data_parallel import DataParallel
 
 TEXT = "reverse mode is a chain of vector-Jacobian products; fan-out becomes a sum. " * 4
 
@@ -76,14 +78,15 @@ def test_a_missing_average_over_the_column_is_caught_by_the_comparison():
     def no_data_parallel_average():
         g = dist.grid(2, 1)
         params = {n: Tensor(w.copy(), requires_grad=True) for n, w in t.weights.items()}
-        velocity = {n: np.zeros_like(w) for n, w in t.weights.items()}
+        alone = DataParallel(params.values(), group=dist.new_group([g.dp_rank]))
+        optimizer = SGD(params.values(), t.lr, t.momentum)
         losses = []
         for windows in t.windows:
             value = tf.loss(params, np.split(windows, 2)[g.dp_rank], t.config)
-            value.backward()
-            tf.average_gradients(list(params.values()), dist.new_group([g.dp_rank]))
+            alone.backward(value)
             losses.append(float(dist.all_reduce(value.data, op="avg", group=g.dp_group)))
-            tf._sgd_momentum(params, velocity, t)
+            optimizer.step()
+            optimizer.zero_grad()
         return losses
 
     curve = dist.run(no_data_parallel_average, 2)[0]

@@ -140,7 +140,7 @@ def test_keeping_every_gathered_layer_costs_more_than_resharding():
 def test_the_replay_refuses_a_different_collective():
     params, batch = _wide_problem()
     received = dist.run(zero._recorded_step, 2, args=(WIDE, params, batch, 1, True))[0][1]
-    replay = zero._Replay(received, 2)
+    replay = zero._Tape(2, received=received)
     call, result = received[0]
     assert replay.collective(call, None)[0] is not result  # a new buffer
     with pytest.raises(RuntimeError, match="the replay calls"):
@@ -278,7 +278,7 @@ def test_stage_three_reduce_scatter_comes_from_the_gathers_backward():
 
 def test_refuses_what_it_cannot_do():
     params, batches = _problem(steps=1)
-    with pytest.raises(ValueError, match="equal shards"):
+    with pytest.raises(ValueError, match="equal chunks"):
         zero.train(LAYERS, params, batches, 1, 5)
     with pytest.raises(ValueError, match="stages"):
         zero.train(LAYERS, params, batches, 5, 2)

@@ -1,2 +1,2 @@
-"""Cost models: :mod:`.chain_cost` (multiply-adds of a Jacobian chain in either order) and
-:mod:`.comm_cost` (the bytes and α–β time of a collective, read off its specification)."""
+"""Cost models (layer 4): :mod:`.chain_cost` (a Jacobian chain's multiply-adds in either order)
+and :mod:`.comm_cost` (the bytes and α–β time of a collective)."""

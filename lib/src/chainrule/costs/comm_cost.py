@@ -1,16 +1,11 @@
 """What a collective costs: the bytes each rank moves, and the α–β time model.
 
 The bytes are the ring model's, which every collective's specification carries
-(:mod:`chainrule.dist.collectives`): for a tensor of N bytes (the *whole* tensor: the sum of an
-all-reduce, the gathered result of an all-gather, the full input of a reduce-scatter, one rank's
-buffer of an all-to-all, the source's array of a broadcast or a scatter) one rank sends
-``bytes_factor · N``: ``2(P−1)/P`` for an all-reduce, ``(P−1)/P`` for an all-gather, a
-reduce-scatter, an all-to-all and a scatter, 1 for a broadcast. The all-to-all's count assumes a
-**fully connected switch**: every rank sends at its full bandwidth B at once and no link carries
-another pair's bytes (a non-blocking switch, or NVLink through NVSwitch). On a ring or a torus,
-where a chunk crosses the ranks between its source and its destination, links are shared and
-the busiest one carries more: about ``P/8 · N`` on a bidirectional ring, ``√P/8 · N`` on a 2-D
-torus (:func:`all_to_all_link_bytes` routes every chunk and counts).
+(:mod:`chainrule.dist.collectives`): one rank sends ``bytes_factor · N`` for a tensor of N bytes.
+The all-to-all's count assumes a **fully connected switch** (every rank sends at its full
+bandwidth B at once); on a ring or a torus links are shared and the busiest one carries more:
+about ``P/8 · N`` on a bidirectional ring, ``√P/8 · N`` on a 2-D torus
+(:func:`all_to_all_link_bytes` routes every chunk and counts).
 
 With α the latency of one step (seconds) and B the bandwidth (bytes per second), the time is
 ``steps · α + bytes / B`` (:func:`alpha_beta_time`): for an all-reduce
@@ -18,12 +13,10 @@ With α the latency of one step (seconds) and B the bandwidth (bytes per second)
 (the ring is bandwidth-optimal), but the latency term grows linearly with P, while the compute
 of each rank shrinks as 1/P: communication's share of a step grows with P.
 
-:func:`event_bytes` reads the per-rank bytes off a :class:`chainrule.dist.CollectiveEvent`
-(whose ``nbytes`` is what one rank *contributes*: for an all-gather the slice, N/P) by this
-model, so the bytes a training step moves can be counted from a trace of the step itself:
-the model's bytes for each recorded collective, not bytes measured on a wire. :func:`fit`
-finds α and B from measured times by least squares (:mod:`chainrule.course.timing` measures
-them).
+:func:`event_bytes` applies the model to a :class:`chainrule.dist.CollectiveEvent` (whose
+``nbytes`` is what one rank *contributes*: for an all-gather N/P), so a trace of a training step
+counts its bytes (the model's, not bytes measured on a wire). :func:`fit` finds α and B from
+measured times (:mod:`chainrule.course.timing`) by least squares.
 """
 
 from __future__ import annotations

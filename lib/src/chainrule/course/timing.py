@@ -1,10 +1,5 @@
-"""Timing torch.distributed's own collectives, and what gloo runs for each of them (lesson 12).
-
-:func:`measure_collectives` times the raw ``torch.distributed`` calls (not this library's
-wrappers) on gloo, for :func:`chainrule.costs.comm_cost.fit` to find the α–β model's α and B;
-:func:`gloo_works` records what gloo runs for each call (its reduce-scatter is not a ring: it
-runs all-reduces).
-"""
+"""Timing torch.distributed's own collectives on gloo (lesson 12), for
+:func:`chainrule.costs.comm_cost.fit`, and what gloo runs for each (:func:`gloo_works`)."""
 
 from __future__ import annotations
 

@@ -9,17 +9,11 @@
 The same function runs unchanged with ``backend="gloo"`` (one process per rank, CPU),
 ``backend="nccl"`` (one GPU per rank) and under torchrun after :func:`init_from_env`.
 
-The modules, lowest first: :mod:`~chainrule.dist.world` (the world that answers a collective,
-``ReduceOp``, the errors), :mod:`~chainrule.dist.collectives` (one specification per
-collective), :mod:`~chainrule.dist.chunks` (chunk p of P along an axis),
-:mod:`~chainrule.dist.trace`, :mod:`~chainrule.dist.calls` (what the ranks must agree on, and
-the check), :mod:`~chainrule.dist.api` (the collectives, and ``run``),
-:mod:`~chainrule.dist.groups` (groups of ranks, and the 2-D grid of data × tensor
-parallelism); the backends :mod:`~chainrule.dist.simulated` and
-:mod:`~chainrule.dist.torch_backend` (one rank on torch.distributed); the worker pools of
-``run`` (:mod:`~chainrule.dist.pool`, :mod:`~chainrule.dist.worker`,
-:mod:`~chainrule.dist.forks`, :mod:`~chainrule.dist.whereabouts`: what a stuck worker waits
-in); :mod:`~chainrule.dist.torchrun`.
+The modules, lowest first: ``world`` (the world, ``ReduceOp``, the errors), ``collectives``
+(one specification per collective), ``chunks``, ``trace``, ``calls`` (the ranks' agreement),
+``api`` (the collectives, ``run``), ``groups``; the backends ``simulated`` and
+``torch_backend``; the worker pools (``pool``, ``worker``, ``forks``, ``whereabouts``);
+``torchrun``.
 """
 
 from chainrule.dist.api import (

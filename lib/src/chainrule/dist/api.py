@@ -1,16 +1,14 @@
 """The collectives, one API over every backend, and ``run``.
 
-The world that answers a call is :func:`chainrule.dist.world.current_world`'s. Every collective
-below takes the same three steps. It checks its arguments and converts the value once: to a numpy
-array for the simulated world, to a torch tensor on the rank's device for torch.distributed. It
-hands the world a :class:`~chainrule.dist.calls.Call` (what the ranks must agree on) and that array.
-And it converts the result back to the kind of value passed: numpy arrays (Python numbers and lists
-become arrays, so a float comes back as a 0-d array), :class:`chainrule.Tensor` (a NEW tensor with
-no graph; the differentiable collectives are :mod:`chainrule.parallel.duality`) or torch tensors, on
-the device they came from. Every collective is functional: it returns its result and leaves its
-input alone, except :func:`all_reduce` with ``out=``. Every collective takes ``group=``, a
-:class:`~chainrule.dist.groups.Group` from :func:`~chainrule.dist.groups.new_group`: then it meets
-only that group's ranks, and ``src`` and the chunks count in the group's ranks.
+Every collective checks its arguments and converts the value once (to a numpy array for the
+simulated world, a torch tensor on the rank's device for torch.distributed), hands the world of
+:func:`chainrule.dist.world.current_world` a :class:`~chainrule.dist.calls.Call` and that array,
+and converts the result back to the kind passed: numpy arrays (a float comes back as a 0-d
+array), :class:`chainrule.Tensor` (a NEW tensor with no graph; the differentiable collectives
+are :mod:`chainrule.parallel.duality`) or torch tensors, on their device. Every collective is
+functional (it leaves its input alone), except :func:`all_reduce` with ``out=``, and takes
+``group=`` (:func:`~chainrule.dist.groups.new_group`): then it meets only that group's ranks,
+and ``src`` and the chunks count in the group's ranks.
 """
 
 from __future__ import annotations
@@ -207,8 +205,6 @@ def all_to_all(
     if send_counts is None:
         split_axis = check_divisible(shape, split_axis, P, "all_to_all", "split_axis")
     else:
-        if not shape:
-            raise ValueError("all_to_all needs an array with at least one dimension")
         split_axis = normalize_axis(split_axis, len(shape), "split_axis")
         counts = [_counts(send_counts, P, "send_counts")]
         if recv_counts is not None:

@@ -1,12 +1,11 @@
 """What one rank asks of a collective, and the check that every rank asked the same.
 
-Each collective call becomes a :class:`Call`: the collective's name, its arguments, and the
-shape, dtype and kind of the value the rank passed. Before any data moves, the ranks compare
-their calls (:func:`agree`, by the collective's specification in
-:mod:`chainrule.dist.collectives`): the simulated world in memory, the torch backend by
-gathering every rank's call as a row of integers of any length (:func:`encode`,
-:func:`decode`). Mismatched collectives, arguments, shapes or dtypes, and a rank that returned
-while others wait, become a :class:`~chainrule.dist.world.CollectiveError` that names the
+Each collective call becomes a :class:`Call`: the collective's name, its arguments, and the shape,
+dtype and kind of the value the rank passed. Before any data moves, the ranks compare their calls
+(:func:`agree`, by the collective's specification in :mod:`chainrule.dist.collectives`): the
+simulated world in memory, the torch backend by gathering every rank's call, pickled (a value of any
+size: every rank's counts...). Mismatched collectives, arguments, shapes or dtypes, and a rank that
+returned while others wait, become a :class:`~chainrule.dist.world.CollectiveError` that names the
 collective, the ranks and the mismatch, with the same words on every backend. Nothing is ever
 reinterpreted.
 """
@@ -19,7 +18,7 @@ from typing import Any, NamedTuple
 
 from chainrule.dist.collectives import COLLECTIVES, Collective
 from chainrule.dist.trace import CollectiveEvent
-from chainrule.dist.world import CollectiveAborted, CollectiveError, ReduceOp
+from chainrule.dist.world import CollectiveAborted, CollectiveError
 from chainrule.engine.interop import itemsize
 
 SIGNALS = ("returned", "raised")
@@ -57,14 +56,10 @@ class Call(NamedTuple):
 
 
 def agree(calls: Sequence[Call], seq: int) -> Call:
-    """The call every rank agreed on, or raise.
-
-    ``calls[r]`` is rank r's call of collective number ``seq``. For a rooted collective the
-    agreed call is the source's; with arguments of each rank's own, it holds every rank's value
-    (rank order). Raises :class:`~chainrule.dist.world.CollectiveError` naming the ranks that
-    differ and how, or :class:`~chainrule.dist.world.CollectiveAborted` when a rank raised
-    instead of calling.
-    """
+    """The call every rank agreed on (a rooted collective's: the source's; with arguments of
+    each rank's own, it holds every rank's value), ``calls[r]`` being rank r's call of collective
+    ``seq``; or raise CollectiveError naming the ranks that differ and how (CollectiveAborted
+    when a rank raised instead of calling)."""
     first = calls[0]
     spec = COLLECTIVES.get(first.op)
     own = spec is not None and any(key in spec.own for key, _ in first.params)
@@ -162,10 +157,8 @@ def event(
 ) -> CollectiveEvent:
     """The trace event of collective ``seq``: every rank's shape, the agreed arguments.
     ``ranks``: the world ranks of ``calls`` (default: the whole world, 0 to P−1)."""
-    if COLLECTIVES[lead.op].rooted:
-        nbytes = lead.nbytes  # the source's
-    else:
-        nbytes = max(call.nbytes for call in calls)
+    rooted = COLLECTIVES[lead.op].rooted  # then the source's bytes
+    nbytes = lead.nbytes if rooted else max(call.nbytes for call in calls)
     return CollectiveEvent(
         seq=seq,
         op=lead.op,
@@ -213,81 +206,3 @@ def _same(calls: Sequence[Call], name: str, what: str, values: list[Any]) -> Non
 def _show(value: Any) -> str:
     name = getattr(value, "name", None)
     return f"ReduceOp.{name}" if hasattr(value, "value") and name else repr(value)
-
-
-# -- a call as a row of integers of any length (what the torch backend's ranks gather) ------
-
-_OPS = (*COLLECTIVES, *SIGNALS)
-_KINDS = ("numpy", "engine", "torch")
-_DTYPES = (
-    "float64 float32 float16 bfloat16 complex128 complex64 "
-    "int64 int32 int16 int8 uint64 uint32 uint16 uint8 bool"
-).split()
-_NONE, _TUPLE, _OP = -1, -2, -3  # markers; an int ≥ 0 stands for itself
-
-
-def encode(call: Call) -> list[int]:
-    """``call`` as integers: its name, kind, dtype, shape and arguments, each argument's value
-    an int, a ReduceOp, None or a tuple of them, of any length (counts of every rank...)."""
-    if call.dtype is not None and call.dtype not in _DTYPES:
-        raise TypeError(f"{call.op}: the torch backend does not move {call.dtype} values")
-    names = _names(call.op)
-    value = (
-        _OPS.index(call.op),
-        None if call.kind is None else _KINDS.index(call.kind),
-        None if call.dtype is None else _DTYPES.index(call.dtype),
-        call.shape,
-        tuple((names.index(key), v) for key, v in call.params),
-    )
-    row: list[int] = []
-    _put(value, row)
-    return row
-
-
-def decode(row: Sequence[int]) -> Call:
-    """The :class:`Call` that :func:`encode` turned into ``row``."""
-    (op, kind, dtype, shape, params), _ = _take(row, 0)
-    names = _names(_OPS[op])
-    return Call(
-        _OPS[op],
-        tuple((names[key], v) for key, v in params),
-        shape,
-        None if dtype is None else _DTYPES[dtype],
-        None if kind is None else _KINDS[kind],
-    )
-
-
-def _names(op: str) -> tuple[str, ...]:
-    spec = COLLECTIVES.get(op)
-    return () if spec is None else (*spec.params, *spec.own)
-
-
-def _put(value: Any, row: list[int]) -> None:
-    if value is None:
-        row.append(_NONE)
-    elif isinstance(value, ReduceOp):
-        row += [_OP, list(ReduceOp).index(value)]
-    elif isinstance(value, tuple):
-        row += [_TUPLE, len(value)]
-        for item in value:
-            _put(item, row)
-    elif isinstance(value, int) and value >= 0:
-        row.append(int(value))
-    else:
-        raise TypeError(f"a call's values are ints ≥ 0, ReduceOps, None and tuples, not {value!r}")
-
-
-def _take(row: Sequence[int], at: int) -> tuple[Any, int]:
-    """The value encoded at ``row[at]``, and where the next one starts."""
-    marker = row[at]
-    if marker == _NONE:
-        return None, at + 1
-    if marker == _OP:
-        return list(ReduceOp)[row[at + 1]], at + 2
-    if marker == _TUPLE:
-        items, at = [], at + 2
-        for _ in range(row[at - 1]):
-            item, at = _take(row, at)
-            items.append(item)
-        return tuple(items), at
-    return marker, at + 1

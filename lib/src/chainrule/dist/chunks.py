@@ -9,8 +9,7 @@ T = TypeVar("T")
 
 
 def chunk_slice(length: int, index: int, parts: int, what: str = "the axis") -> slice:
-    """Elements ``[index·n, (index+1)·n)``: chunk ``index`` of ``parts`` equal chunks of ``length``
-    elements (n = length / parts); ValueError, naming ``what``, when they cannot be equal."""
+    """Elements ``[index·n, (index+1)·n)``: chunk ``index`` of ``parts`` (n = length / parts)."""
     if length % parts:
         raise ValueError(
             f"{what} has length {length}, which does not split into {parts} equal chunks "

@@ -7,14 +7,11 @@ both backends know the collectives from :data:`COLLECTIVES` alone. Adding a coll
 computations: numpy's in :data:`chainrule.dist.simulated.COMPUTE`, torch.distributed's in
 :data:`chainrule.dist.torch_backend.COLLECTIVES` (a test checks that both cover this table).
 
-The ring model, on P ranks, for a tensor of N bytes: an all-gather runs P − 1 steps in which
-every rank passes a slice of N/P on to its neighbour, so each rank sends ``(P−1)/P · N`` (N the
-gathered result); a reduce-scatter runs the same ring, adding instead of copying (N its whole
-input); an all-reduce is the two in turn, ``2(P−1)/P · N`` in 2(P − 1) steps. An all-to-all of
-one rank's buffer of N bytes keeps 1/P of it and sends ``(P−1)/P · N`` in P − 1 exchanges
-(assuming a fully connected switch). A scatter's source sends the other ranks' chunks,
-``(P−1)/P · N`` of its N bytes; a broadcast pipelined along the ring has every rank but the last
-forward all N bytes. A barrier moves nothing.
+The ring model on P ranks, N bytes: an all-gather passes slices of N/P along the ring in
+P − 1 steps, ``(P−1)/P · N`` sent per rank (N the gathered result); a reduce-scatter the same,
+adding (N its input); an all-reduce both, ``2(P−1)/P · N``. An all-to-all of N bytes a rank
+keeps 1/P and sends the rest (on a fully connected switch); a scatter's source sends the others'
+chunks, ``(P−1)/P · N``; a pipelined broadcast has every rank but the last forward all N.
 """
 
 from __future__ import annotations
@@ -27,15 +24,13 @@ from dataclasses import dataclass
 class Collective:
     """What the ranks must agree on for one collective, and what it costs.
 
-    ``params``: the arguments every rank passes alike, in order. ``own``: arguments each rank
-    passes for itself (an uneven all-to-all's counts): every rank passes them or none does, the
-    agreed call holds every rank's value in rank order, ranks' shapes may then differ along the
-    axis the argument ``free_axis`` names, and rank r's ``own[1]``, when given, must be what the
-    ranks' ``own[0]`` send it (column r). ``rooted``: a source rank ``src`` alone passes the
-    data (the others pass nothing, or a value like the source's), so the source's call counts
-    and its bytes are the trace's. ``gathers``: the ring model's N is the P contributions
-    together (an all-gather's result), not one rank's. ``ring_factor(P)`` and ``steps(P)``: the
-    bytes one rank sends per byte of N, and the latency steps, on P ≥ 2 ranks.
+    ``params``: the arguments every rank passes alike. ``own``: arguments each rank passes for
+    itself (an uneven all-to-all's counts), all ranks or none: the agreed call holds every
+    rank's ``own[0]`` (rank order), shapes may differ along the axis ``free_axis`` names, and a
+    rank's ``own[1]`` must be what the others' ``own[0]`` send it. ``rooted``: the source ``src``
+    alone passes the data (the others nothing, or a value like it): its call and its bytes
+    count. ``gathers``: the ring model's N is the P contributions together. ``ring_factor(P)``,
+    ``steps(P)``: bytes one rank sends per byte of N, and latency steps, on P ≥ 2 ranks.
     """
 
     name: str

@@ -383,7 +383,7 @@ def _timeout_message(pool: Pool, unfinished: list[int], timeout: float, fn: Any)
     lines = {r: whereabouts.stack_of(pool.folder, r, pool.pids[r], sources) for r in running}
     where = whereabouts.positions(lines)
     one = len(running) == 1
-    stopped = (
+    stopped = (f" ({where})" if where else "") + (
         f"; the {pool.backend} worker processes were stopped and restart on the next call; "
         "pass timeout= to dist.run to wait longer"
     )
@@ -391,24 +391,20 @@ def _timeout_message(pool: Pool, unfinished: list[int], timeout: float, fn: Any)
         still = "was still running its" if one else "were still running their"
         return (
             f"{waits[waiting[0]]} timed out after {timeout:g} s: {ranks_text(waiting)} arrived "
-            f"but {ranks_text(running)} {still} own code"
-            + (f" ({where})" if where else "")
-            + stopped
+            f"but {ranks_text(running)} {still} own code" + stopped
         )
     if running and not waiting:
         own = "its" if one else "their"
         return (
             f"the {pool.backend} run timed out after {timeout:g} s: {ranks_text(running)} ran "
-            f"{own} own code for more than {timeout:g} s"
-            + (f" ({where})" if where else "")
-            + stopped
+            f"{own} own code for more than {timeout:g} s" + stopped
         )
     described = [f"rank {r} waits in {waits[r]}" for r in waiting]
     if running:
         described.append(f"{ranks_text(running)} {'runs its' if one else 'run their'} own code")
     return (
         f"the {pool.backend} run timed out after {timeout:g} s: {ranks_text(unfinished)} did "
-        f"not finish: " + ", ".join(described) + (f" ({where})" if where else "") + stopped
+        f"not finish: " + ", ".join(described) + stopped
     )
 
 

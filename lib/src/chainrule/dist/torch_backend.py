@@ -6,25 +6,25 @@
 :mod:`chainrule.dist.api` hands it contiguous torch tensors on the rank's device
 (``cuda:<local rank>`` for NCCL).
 
-Before each collective the ranks agree on what they are about to do: every rank gathers
-every rank's :class:`~chainrule.dist.calls.Call` as a row of integers (one small all-gather)
-and checks them with :func:`chainrule.dist.calls.agree`. Mismatched collectives, arguments,
-shapes or dtypes, and a rank that returned or raised while the others wait, end in an error
-on every rank at once, with the words of the simulated world, instead of a hang, a crashed
-process or silently reinterpreted bytes. Then comes the collective itself, one
-``torch.distributed`` call (the functions at the end of this module). A functional result
-costs one copy: ``all_reduce`` reduces a clone, or with ``out=`` reduces in ``out``'s own
-memory. gloo has no average: ``ReduceOp.AVG`` sums, then divides by P.
+Before each collective every rank gathers every rank's :class:`~chainrule.dist.calls.Call`, pickled
+(one small all-gather; a second for a long call), and checks them with
+:func:`chainrule.dist.calls.agree`: a mismatch, or a rank that returned or raised while the others
+wait, ends in an error on every rank at once, in the words of the simulated world, instead of a
+hang, a crashed process or silently reinterpreted bytes. Then comes the collective itself, one
+``torch.distributed`` call (the functions at the end of this module). A functional result costs one
+copy: ``all_reduce`` reduces a clone, or with ``out=`` reduces in ``out``'s own memory. gloo has no
+average: ``ReduceOp.AVG`` sums, then divides by P.
 """
 
 from __future__ import annotations
 
 import copy
+import pickle
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from chainrule.dist.calls import Call, agree, decode, encode, event
+from chainrule.dist.calls import Call, agree, event
 from chainrule.dist.trace import CollectiveEvent
 from chainrule.dist.world import CollectiveAborted, CollectiveError, ReduceOp
 from chainrule.engine import interop
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from chainrule.dist.groups import Group
     from chainrule.dist.whereabouts import Status
 
-HEAD = 48
-"""Integers each rank sends in the first gather of an agreement: a call's length and its first
-integers; a longer call (a large shape, every rank's counts) takes a second gather."""
+HEAD = 256
+"""Bytes each rank sends in the first gather of an agreement: its pickled call's length and
+first bytes; a longer call (a large shape, every rank's counts) takes a second gather."""
 
 
 class TorchWorld:
@@ -111,27 +111,17 @@ class TorchWorld:
 
     def agree(self, call: Call) -> tuple[list[Call], Call]:
         """Every rank's call of the next collective, and the call they agree on (or raise)."""
-        import torch
 
         root = self.root
         if root.failure is not None:
             raise CollectiveAborted(root.failure)
         seq, self.seq = self.seq, self.seq + 1
-        mine = encode(call)
         if root.status is not None:
             group = "" if self is root else f" (in the group of ranks {self.ranks})"
             root.status.waiting_in(f"{call.op} #{seq}{group}")
-        head = torch.zeros(HEAD, dtype=torch.int64)
-        head[0], head[1 : len(mine[: HEAD - 1]) + 1] = len(mine), torch.tensor(mine[: HEAD - 1])
-        rows = _all_gather_stacked(head.to(self.device), self).tolist()
-        width = max(row[0] for row in rows)
-        if width >= HEAD:  # a long call: every rank sends all of its own, padded alike
-            whole = torch.zeros(width + 1, dtype=torch.int64)
-            whole[0], whole[1 : len(mine) + 1] = len(mine), torch.tensor(mine)
-            rows = _all_gather_stacked(whole.to(self.device), self).tolist()
+        calls = self._gather(pickle.dumps(call))
         if root.status is not None:
             root.status.waiting_in(None)
-        calls = [decode(row[1 : row[0] + 1]) for row in rows]
         try:
             return calls, agree(calls, seq)
         except CollectiveError as exc:
@@ -140,6 +130,21 @@ class TorchWorld:
                 raise
             root.failure = f"{exc} (ranks of the group {self.ranks})"
             raise type(exc)(root.failure) from None
+
+    def _gather(self, mine: bytes) -> list[Call]:
+        """Every rank's call, from its pickle: first :data:`HEAD` bytes of each (its length
+        first), then, when one is longer, all of each."""
+        import torch
+
+        framed = bytearray(len(mine).to_bytes(4, "little") + mine)
+        width, rows = HEAD, None
+        while rows is None or width > rows.shape[1]:  # a second gather when a call is longer
+            buffer = torch.zeros(width, dtype=torch.uint8)
+            buffer[: min(width, len(framed))] = torch.frombuffer(framed, dtype=torch.uint8)[:width]
+            rows = _all_gather_stacked(buffer.to(self.device), self).cpu().numpy()
+            sizes = [4 + int.from_bytes(row[:4].tobytes(), "little") for row in rows]
+            width = max(width, *sizes)
+        return [pickle.loads(row[4:size].tobytes()) for row, size in zip(rows, sizes, strict=True)]
 
     def finish(self, raised: bool) -> None:
         """End a run: tell the other ranks this one returned (or raised), so that a rank still

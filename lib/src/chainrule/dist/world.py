@@ -1,18 +1,11 @@
 """The bottom of :mod:`chainrule.dist`: the world that answers a collective, ``ReduceOp``, errors.
 
-An SPMD function ("single program, multiple data") runs once per rank and calls the same
-collectives in the same order on every rank. The world that answers a call depends on where
-the call runs:
-
-1. inside ``dist.run`` with ``backend="sim"``: the simulated rank running there (each rank runs
-   in a greenlet and a ``contextvars`` context of its own);
-2. inside a worker process of ``dist.run`` with ``backend="gloo"``/``"nccl"``, or after
-   ``dist.init_from_env`` under torchrun: that process's torch.distributed rank;
-3. anywhere else a ``torch.distributed`` default process group is initialised: that group.
-
-Outside all three, ``rank()``, ``world_size()`` and every collective raise
-:class:`NoWorldError` (there is no implicit world of one rank). The backends implement
-:class:`World`; nothing here imports them, and none of them imports the collectives' API.
+A collective called inside ``dist.run(..., backend="sim")`` meets the simulated rank running
+there (each rank runs in a greenlet and a ``contextvars`` context of its own); inside a worker of
+``dist.run`` on gloo or nccl, or after ``dist.init_from_env`` under torchrun, that process's
+torch.distributed rank; anywhere else a ``torch.distributed`` default process group is
+initialised, that group. Outside all three it raises :class:`NoWorldError` (there is no implicit
+world of one rank). The backends implement :class:`World`; none of them imports the API.
 """
 
 from __future__ import annotations
@@ -105,14 +98,11 @@ class ReduceOp(enum.Enum):
 
 
 class World(Protocol):
-    """One rank of a backend, as the collectives see it.
-
-    ``native`` is the array type the backend computes with (``"numpy"`` or ``"torch"``, the
-    latter on ``device``). :meth:`collective` meets the other ranks in ``call`` with this
-    rank's ``data`` (a native array, or None) and returns this rank's result and the call the
-    ranks agreed on (see :func:`chainrule.dist.calls.agree`). ``into``: a native array that
-    shares the memory of all_reduce's ``out=``, which the backend may write the result into.
-    """
+    """One rank of a backend, as the collectives see it: ``native``, the arrays it computes with
+    (``"numpy"``, or ``"torch"`` on ``device``). :meth:`collective` meets the other ranks in
+    ``call`` with this rank's ``data`` (a native array, or None); it returns this rank's result
+    and the agreed call. ``into``: a native array sharing all_reduce's ``out=`` memory, which the
+    backend may write the result into."""
 
     backend: str
     rank: int

@@ -1,4 +1,4 @@
-"""Tiny modules on top of the engine: a linear layer, a multi-layer perceptron, SGD.
+"""Tiny modules on top of the engine: a linear layer and a multi-layer perceptron.
 
 The conventions are PyTorch's, so a state can be copied across: ``Linear`` holds ``weight`` of
 shape (out_features, in_features) and ``bias`` of shape (out_features,) and computes
@@ -76,19 +76,6 @@ class MLP:
 
     def parameters(self) -> list[Tensor]:
         return [p for layer in self.layers for p in layer.parameters()]
-
-
-def zero_grad(parameters: Iterable[Tensor]) -> None:
-    """Forget the accumulated gradients (``backward`` adds into ``.grad``)."""
-    for p in parameters:
-        p.grad = None
-
-
-def sgd_step(parameters: Iterable[Tensor], lr: float) -> None:
-    """``θ ← θ - lr · θ̄`` in place, for every parameter that has a gradient."""
-    for p in parameters:
-        if p.grad is not None:
-            p.data -= lr * p.grad
 
 
 def num_parameters(parameters: Iterable[Tensor]) -> int:

@@ -13,8 +13,7 @@ leaf); parameters are engine or torch leaves.
   micro-batch).
 - :func:`padded_epoch` and :func:`joined_epoch`: uneven numbers of batches without a hang.
 - :func:`sync_batch_norm` against :func:`local_batch_norm`: the one layer whose function
-  itself depends on the split.
-- :func:`sgd_step`.
+  itself depends on the split. (The optimizer is :mod:`chainrule.engine.optim`'s.)
 """
 
 from __future__ import annotations
@@ -88,13 +87,13 @@ def unflatten_gradients(flat: Grad, like: Sequence[Any]) -> list[Grad]:
 # -- reductions ----------------------------------------------------------------------------
 
 
-def average_gradients(grads: Sequence[Grad]) -> list[Grad]:
-    """``ḡ = (1/P) Σ_p g_p`` for each gradient (all-reduce AVG).
+def average_gradients(grads: Sequence[Grad], group: dist.Group | None = None) -> list[Grad]:
+    """``ḡ = (1/P) Σ_p g_p`` for each gradient (all-reduce AVG over ``group``), as new arrays.
 
     Equal to the full-batch gradient ``∇L`` when every rank's loss is a mean over the same
     number of examples, and not otherwise (lesson 3 shows it; the first exercise asks why).
     """
-    return [dist.all_reduce(g, op=AVG) for g in grads]
+    return [dist.all_reduce(g, op=AVG, group=group) for g in grads]
 
 
 def token_weighted_gradients(local_mean_grads: Sequence[Grad], local_tokens: float) -> list[Grad]:
@@ -171,10 +170,16 @@ class DataParallel:
     first k−1 backward passes under ``no_sync()`` and the last one normally; one sync then
     averages ``Σ_j g_j`` once. Without no_sync the result is the same (averaging is linear,
     and averaging an already-replicated value changes nothing) at k times the communication.
+    ``group``: the replicas that average (default: the world), e.g. a column of a dp × tp grid.
     """
 
-    def __init__(self, params: Iterable[Param], bucket_cap: int | None = None) -> None:
-        self.params = list(params)
+    def __init__(
+        self,
+        params: Iterable[Param],
+        bucket_cap: int | None = None,
+        group: dist.Group | None = None,
+    ) -> None:
+        self.params, self.group = list(params), group
         sizes = [int(np.prod(tuple(_data(p).shape), dtype=np.int64)) for p in self.params]
         self.buckets = _buckets(sizes, bucket_cap)
         self._sync = True
@@ -203,7 +208,7 @@ class DataParallel:
         """Replace every ``.grad`` by its average over ranks: one all-reduce per bucket."""
         for bucket in self.buckets:
             params = [self.params[i] for i in bucket]
-            flat = dist.all_reduce(flatten_gradients(gradients_of(params)), op=AVG)
+            flat = dist.all_reduce(flatten_gradients(gradients_of(params)), AVG, group=self.group)
             for param, grad in zip(params, unflatten_gradients(flat, params), strict=True):
                 param.grad = grad
 
@@ -331,26 +336,3 @@ def sync_batch_norm(
     if bias is not None:
         y = y + bias
     return y
-
-
-# -- the optimizer --------------------------------------------------------------------------
-
-
-def sgd_step(params: Sequence[Param], lr: float, zero_grad: bool = True) -> None:
-    """``θ ← θ − lr · ∇θ`` for each parameter with a gradient; then clear the gradients.
-
-    Engine parameters get a new array (never written in place: several simulated ranks may
-    share the initial arrays); torch parameters are updated in place without recording.
-    """
-    for param in params:
-        if param.grad is None:
-            continue
-        if isinstance(param, Tensor):
-            param.data = param.data - lr * np.asarray(param.grad)
-        else:
-            import torch
-
-            with torch.no_grad():
-                param -= lr * param.grad
-        if zero_grad:
-            param.grad = None

@@ -1,10 +1,8 @@
 """Checks for functions that run across ranks: the adjoint test and the single-process reference.
 
 A differentiable collective is a linear map J between global values, and its VJP must be Jᵀ.
-Both checks here run a function under :func:`chainrule.dist.run` and account for where the
-values live (see :mod:`chainrule.parallel.duality`): a **replicated** value is one global value held
-identically by every rank, so inner products over it are counted once; a **per-rank** value
-is one value per rank, so inner products over it are summed over ranks.
+Both checks run a function under :func:`chainrule.dist.run`; inner products over a replicated
+value count it once, over a per-rank value they sum over ranks (:mod:`chainrule.parallel.duality`).
 
 - :func:`distributed_adjoint_test` draws random ``u`` (input) and ``v`` (output cotangent)
   with the declared replication and returns ``⟨v, J u⟩`` and ``⟨Jᵀ v, u⟩``, which agree to
@@ -19,15 +17,15 @@ on float64 torch tensors (for the torch autograd Functions, on the gloo or nccl 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from chainrule import dist
-from chainrule.engine.tensor import Tensor
+from chainrule.engine import interop
+from chainrule.engine.interop import Framework
 from chainrule.parallel.duality import PER_RANK, REPLICATED, Kind
 
-Framework = Literal["engine", "torch"]
 Shape = tuple[int, ...]
 
 
@@ -45,38 +43,8 @@ class Discrepancy(NamedTuple):
     gradient: float
 
 
-# -- one value in either framework -------------------------------------------------------------
-
-
-def _leaf(array: np.ndarray, framework: Framework) -> Any:
-    if framework == "engine":
-        return Tensor(array, requires_grad=True)
-    import torch
-
-    return torch.tensor(array, dtype=torch.float64, requires_grad=True)
-
-
 def _constant(array: np.ndarray, framework: Framework) -> Any:
-    if framework == "engine":
-        return Tensor(array)
-    import torch
-
-    return torch.tensor(array, dtype=torch.float64)
-
-
-def _numpy(value: Any) -> np.ndarray:
-    if isinstance(value, Tensor):
-        return value.data
-    if isinstance(value, np.ndarray):
-        return value
-    return value.detach().cpu().numpy()
-
-
-def _grad(leaf: Any) -> np.ndarray:
-    grad = leaf.grad
-    if grad is None:
-        return np.zeros(_numpy(leaf).shape)
-    return _numpy(grad)
+    return interop.restore(array, framework, "float64")
 
 
 def _check_kind(kind: str, what: str) -> None:
@@ -139,14 +107,14 @@ def _adjoint_on_rank(
     check_replication: bool,
 ) -> AdjointPair:
     u = _draw(shapes[dist.rank()], input_kind, seed, stream=0)
-    x = _leaf(u, framework)
+    x = interop.leaf(u, framework)
     y = fn(x)
-    ju = _numpy(y)
+    ju = interop.to_numpy(y)
     if check_replication and output_kind == REPLICATED:
         _require_replicated(ju, "the output")
     v = _draw(ju.shape, output_kind, seed, stream=1)
     y.backward(_constant(v, framework))
-    jtv = _grad(x)
+    jtv = interop.gradient(x)
     if check_replication and input_kind == REPLICATED:
         _require_replicated(jtv, "the gradient of a replicated input")
     return AdjointPair(
@@ -202,10 +170,6 @@ def _downstream_loss(ys: Sequence[Any], weights: Sequence[np.ndarray], framework
     return total
 
 
-def _downstream_weights(shape: Shape, kind: Kind, seed: int) -> np.ndarray:
-    return _draw(shape, kind, seed, stream=2)
-
-
 def _compare_on_rank(
     fn: Callable[[Any], Any],
     inputs: list[np.ndarray],
@@ -214,11 +178,11 @@ def _compare_on_rank(
     framework: Framework,
     seed: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    x = _leaf(inputs[0] if input_kind == REPLICATED else inputs[dist.rank()], framework)
+    x = interop.leaf(inputs[0] if input_kind == REPLICATED else inputs[dist.rank()], framework)
     y = fn(x)
-    w = _downstream_weights(_numpy(y).shape, output_kind, seed)
+    w = _draw(interop.to_numpy(y).shape, output_kind, seed, stream=2)
     _downstream_loss([y], [w], framework).backward()
-    return _numpy(y).copy(), w, _grad(x).copy()
+    return interop.to_numpy(y).copy(), w, interop.gradient(x).copy()
 
 
 def compare_with_single_process(
@@ -255,14 +219,14 @@ def compare_with_single_process(
         args=(fn, inputs, input_kind, output_kind, framework, seed),
     )
 
-    leaves = [_leaf(x, framework) for x in inputs]
+    leaves = [interop.leaf(x, framework) for x in inputs]
     outputs = global_fn(leaves, world_size)
     weights = [w for _, w, _ in per_rank][: len(outputs)]
     _downstream_loss(outputs, weights, framework).backward()
 
     ranks = range(world_size)
-    out_ref = [_numpy(outputs[0 if output_kind == REPLICATED else p]) for p in ranks]
-    grad_ref = [_grad(leaves[0 if input_kind == REPLICATED else p]) for p in ranks]
+    out_ref = [interop.to_numpy(outputs[0 if output_kind == REPLICATED else p]) for p in ranks]
+    grad_ref = [interop.gradient(leaves[0 if input_kind == REPLICATED else p]) for p in ranks]
     output_error = max(_max_abs(per_rank[p][0], out_ref[p]) for p in ranks)
     gradient_error = max(_max_abs(per_rank[p][2], grad_ref[p]) for p in ranks)
     return Discrepancy(output=output_error, gradient=gradient_error)

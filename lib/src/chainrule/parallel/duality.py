@@ -20,12 +20,10 @@ Each differentiable collective below is one row, built with :meth:`Tensor.from_o
 its VJP calls the backward collective. ``f = copy_to_ranks`` and ``f_bar =
 reduce_from_ranks`` are the conjugate pair of tensor parallelism.
 
-Every rank must run the same program: the backward collectives are called from inside
-``backward()``, so all ranks must backpropagate through the same collectives in the same
-order (the engine's topological order depends only on the graph, so identical programs
-agree). Shards along an axis must have equal sizes on every rank (an uneven all-to-all sends
-the sizes it is given). Every row takes ``group=``: the ranks among which it moves the value
-(default: the world).
+Every rank must run the same program: the backward collectives run inside ``backward()``, in
+the engine's topological order, which depends only on the graph. Shards along an axis have
+equal sizes (an uneven all-to-all sends the sizes it is given). Every row takes ``group=``: the
+ranks among which it moves the value (default: the world).
 """
 
 from __future__ import annotations
@@ -216,13 +214,6 @@ def _concat(parts: Sequence[Any], axis: int) -> Any:
     return torch.cat(list(parts), dim=axis)
 
 
-def _sum(parts: Sequence[Any]) -> Any:
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
-
-
 def global_copy(xs: Sequence[Any], world_size: int) -> list[Any]:
     """One process: the replicated ``[x]`` fanned out to P consumers, ``[x, …, x]``."""
     (x,) = xs
@@ -231,7 +222,7 @@ def global_copy(xs: Sequence[Any], world_size: int) -> list[Any]:
 
 def global_reduce(xs: Sequence[Any], world_size: int) -> list[Any]:
     """One process: the P partial results summed into one value, ``[Σ_p x_p]``."""
-    return [_sum(xs)]
+    return [sum(xs[1:], xs[0])]
 
 
 def global_gather(xs: Sequence[Any], world_size: int, axis: int = 0) -> list[Any]:
@@ -246,7 +237,7 @@ def global_gather_replicated(xs: Sequence[Any], world_size: int, axis: int = 0) 
 
 def global_reduce_scatter(xs: Sequence[Any], world_size: int, axis: int = 0) -> list[Any]:
     """One process: the sum of the P inputs, cut into P slices, slice q for consumer q."""
-    total = _sum(xs)
+    total = sum(xs[1:], xs[0])
     return [chunk(total, q, world_size, axis) for q in range(world_size)]
 
 

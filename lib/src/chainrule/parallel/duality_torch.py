@@ -1,14 +1,9 @@
 """The duality table as one ``torch.autograd.Function`` on ``torch.distributed``.
 
-The same rows as :mod:`chainrule.parallel.duality` (read its docstrings for the math: the
-forward map, its Jacobian and the VJP), for torch tensors in real processes with a process group
-initialised — for example inside ``chainrule.dist.run(fn, P, backend="gloo")``. :class:`Row`
-runs a row's forward collective in the forward pass and its backward collective in the backward
-pass; each function below is one row, its two collectives side by side. ``group`` is the
-process group (``None``: the default, whole world).
-
-Every collective writes into memory of its own, so neither an input nor an incoming gradient
-is ever written into: an all-reduce reduces a copy.
+The rows of :mod:`chainrule.parallel.duality` (its docstrings give the math) for torch tensors
+in real processes, e.g. inside ``dist.run(fn, P, backend="gloo")``: each function below is one
+row, its forward and backward collectives side by side, run by :class:`Row`. ``group``: the
+process group (None: the whole world). No input or incoming gradient is ever written into.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ routing, capacity and drops. :func:`expert_parallel_step` and :func:`one_process
 forward and backward pass of each and return the output and every gradient;
 :func:`dispatch_report` counts loads, drops, padding and the bytes the all-to-alls move.
 
-Dropless routing, which sends each rank exactly as many rows as it routes (an all-to-all with
-uneven sizes, no capacity, no padding), is not here.
+:func:`dropless_moe` routes without capacity: each rank sends each other rank exactly the
+tokens of its experts, in one all-to-all of uneven sizes, so nothing is dropped or padded.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from fractions import Fraction
 import numpy as np
 
 from chainrule import dist
+from chainrule.dist.chunks import chunk, chunk_slice
 from chainrule.dist.collectives import ring_bytes
 from chainrule.engine import ops
 from chainrule.engine.tensor import ArrayLike, Tensor, as_tensor, no_grad
@@ -115,12 +116,7 @@ def init_expert_weights(
 
 def experts_of_rank(rank: int, num_experts: int, world_size: int) -> slice:
     """The experts rank ``rank`` holds: E/P consecutive ones (E must divide by P)."""
-    if num_experts % world_size:
-        raise ValueError(
-            f"{num_experts} experts do not split into {world_size} equal shares (one per rank)"
-        )
-    share = num_experts // world_size
-    return slice(rank * share, (rank + 1) * share)
+    return chunk_slice(num_experts, rank, world_size, "the experts' axis")
 
 
 # -- routing ------------------------------------------------------------------------------------
@@ -265,6 +261,33 @@ def expert_parallel_moe(
     return x + combine(back, gate, routing), routing
 
 
+def dropless_moe(
+    x: ArrayLike, router: Tensor, router_bias: Tensor, w1: Tensor, w2: Tensor
+) -> tuple[Tensor, np.ndarray]:
+    """The layer on one rank without capacity: ``y = x + g · FFN_e(x)`` for every token, and
+    the tokens of each of this rank's experts that came from each rank (P, E/P).
+
+    The tokens, sorted by expert, travel in one uneven all-to-all (rank p sends rank q all the
+    tokens of q's experts), after an all-to-all of the counts per expert, which tells q which
+    expert each row it receives is for. The combine sends every row back, counts transposed.
+    """
+    x = as_tensor(x)
+    router, router_bias = duality.copy_to_ranks(router), duality.copy_to_ranks(router_bias)
+    probabilities = router_probabilities(x, router, router_bias)
+    P, share = dist.world_size(), w1.shape[0]
+    expert = probabilities.data.argmax(axis=1)
+    order = np.argsort(expert, kind="stable")
+    counts = np.bincount(expert, minlength=P * share).reshape(P, share)  # row q: q's experts
+    arriving = np.asarray(dist.all_to_all(counts))  # row p: from rank p, for each of mine
+    send, receive = counts.sum(axis=1).tolist(), arriving.sum(axis=1).tolist()
+    mine = duality.all_to_all_ranks(x[order], send_counts=send, recv_counts=receive)
+    which = np.concatenate([np.repeat(np.arange(share), row) for row in arriving])
+    out = expert_ffn(mine.reshape(-1, 1, x.shape[1]), w1[which], w2[which]).reshape(mine.shape)
+    back = duality.all_to_all_ranks(out, send_counts=receive, recv_counts=send)
+    gate = probabilities[np.arange(x.shape[0]), expert]
+    return x + back[np.argsort(order)] * gate.reshape(-1, 1), arriving
+
+
 def one_process_moe(
     x: ArrayLike,
     router: Tensor,
@@ -284,11 +307,8 @@ def one_process_moe(
     x = as_tensor(x)
     probabilities = router_probabilities(x, router, router_bias)
     N, E = probabilities.shape
-    if N % groups:
-        raise ValueError(f"{N} tokens do not split into {groups} equal groups")
-    T = N // groups
-    C = expert_capacity(T, E, capacity_factor)
-    routings = [route(probabilities.data[g * T : (g + 1) * T], C) for g in range(groups)]
+    C = expert_capacity(N // groups, E, capacity_factor)
+    routings = [route(chunk(probabilities.data, g, groups), C) for g in range(groups)]
     expert = np.concatenate([r.expert for r in routings])
     kept = np.concatenate([r.kept for r in routings])
     every = expert_ffn(x, w1, w2)  # (E, N, d): every expert on every token

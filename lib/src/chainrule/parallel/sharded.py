@@ -11,14 +11,11 @@ A :class:`ShardedTensor` is what one rank holds of a global value (its ``local``
   all-gather first, partial sums, or invalid;
 - :func:`add`, :func:`elementwise` and :func:`local_map` act on each rank's slice.
 
-**Fan-out.** A replicated value that feeds a computation whose result differs per rank (a
-sharded or partial result) is read by P different consumers: its gradient is the sum of the
-ranks' contributions. Every operation here inserts that fan-out itself (the duality table's
-identity row: identity forward, all-reduce backward, ``f`` of tensor parallelism) on each
-replicated operand of a per-rank result, and marks the result of a fan-out
-(``fanned_out=True``: replicated values, but per-rank consumers, so their cotangent is a
-pending sum). A value gathered in order to be fanned out is gathered with
-``redistribute(x, Replicate(), fan_out=True)``, whose backward is one reduce-scatter.
+**Fan-out.** A replicated value read by a computation whose result differs per rank has P
+consumers: its gradient is the sum of the ranks' contributions. Every operation here inserts
+that fan-out (the identity row, ``f``) on each replicated operand of a per-rank result and marks
+its result ``fanned_out``; ``redistribute(x, Replicate(), fan_out=True)`` gathers a value to be
+fanned out, its backward one reduce-scatter.
 
 The gradient of a placed leaf arrives in its own placement: a shard's gradient is the slice,
 a replicated value's gradient the whole (the same on every rank), a partial value's gradient
@@ -35,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from chainrule import dist
+from chainrule.dist.chunks import chunk
 from chainrule.dist.collectives import ring_bytes
 from chainrule.engine import ops
 from chainrule.engine.tensor import ArrayLike, Tensor
@@ -133,29 +131,18 @@ class ShardedTensor:
 # -- making placed tensors ------------------------------------------------------------------------
 
 
-def _chunk(array: np.ndarray, axis: int, world_size: int, rank: int) -> np.ndarray:
-    if array.shape[axis] % world_size:
-        raise ValueError(
-            f"axis {axis} of shape {array.shape} does not split into {world_size} equal slices"
-        )
-    return np.array(np.split(array, world_size, axis=axis)[rank])
-
-
 def distribute(
     value: ArrayLike, placement: Placement | str, requires_grad: bool = False
 ) -> ShardedTensor:
     """Place the global ``value`` (every rank passes the same) as ``placement``: a replicated
     copy or this rank's slice. The local tensor is a leaf (``requires_grad`` as given)."""
-    placement = parse_placement(placement)
     array = np.asarray(value.data if isinstance(value, Tensor) else value, dtype=float)
-    placement = normalize(placement, array.ndim)
+    placement = normalize(parse_placement(placement), array.ndim)
     if isinstance(placement, Partial):
         raise ValueError(
             "a global value is not distributed as Partial: make the addends with from_local"
         )
-    if isinstance(placement, Shard):
-        array = _chunk(array, placement.axis, dist.world_size(), dist.rank())
-    return ShardedTensor(Tensor(np.array(array), requires_grad=requires_grad), placement)
+    return from_local(local_part(array, placement), placement, requires_grad)
 
 
 def local_part(
@@ -167,7 +154,7 @@ def local_part(
     if isinstance(placement, Partial):
         return addends[dist.rank()]
     if isinstance(placement, Shard):
-        return _chunk(value, placement.axis, dist.world_size(), dist.rank())
+        return chunk(value, dist.rank(), dist.world_size(), placement.axis).copy()
     return value
 
 

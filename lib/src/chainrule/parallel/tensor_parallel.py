@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from chainrule import dist
+from chainrule.dist.chunks import chunk_slice
 from chainrule.engine import interop
 from chainrule.engine.interop import Framework
 from chainrule.parallel import duality
@@ -68,16 +69,9 @@ def init_mlp_weights(d_in: int, hidden: int, d_out: int, seed: int = 0) -> MLPWe
     )
 
 
-def _hidden_slice(hidden: int, rank: int, world_size: int) -> slice:
-    if hidden % world_size:
-        raise ValueError(f"the hidden width {hidden} does not split into {world_size} equal slices")
-    size = hidden // world_size
-    return slice(rank * size, (rank + 1) * size)
-
-
 def shard_mlp_weights(weights: MLPWeights, rank: int, world_size: int) -> MLPWeights:
     """Rank ``rank``'s shard: columns of W₁ and b₁, rows of W₂, all of b₂ (copies)."""
-    cols = _hidden_slice(weights.w1.shape[1], rank, world_size)
+    cols = chunk_slice(weights.w1.shape[1], rank, world_size, "the hidden width")
     return MLPWeights(
         w1=weights.w1[:, cols].copy(),
         b1=weights.b1[cols].copy(),
@@ -86,7 +80,8 @@ def shard_mlp_weights(weights: MLPWeights, rank: int, world_size: int) -> MLPWei
     )
 
 
-def _identity(x: Any) -> Any:
+def identity(x: Any) -> Any:
+    """f = f̄ = identity: the model on one process."""
     return x
 
 
@@ -111,8 +106,8 @@ class MLP:
     def __init__(
         self,
         weights: MLPWeights,
-        f: Callable[[Any], Any] = _identity,
-        f_bar: Callable[[Any], Any] = _identity,
+        f: Callable[[Any], Any] = identity,
+        f_bar: Callable[[Any], Any] = identity,
         activation: Activation = "tanh",
         framework: Framework = "engine",
     ) -> None:

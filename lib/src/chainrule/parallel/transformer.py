@@ -35,9 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from chainrule import dist
+from chainrule.dist.chunks import chunk
 from chainrule.engine import ops
+from chainrule.engine.optim import SGD
 from chainrule.engine.tensor import Tensor
-from chainrule.parallel import data_parallel, duality
+from chainrule.parallel import duality
+from chainrule.parallel.data_parallel import DataParallel
+from chainrule.parallel.tensor_parallel import identity
 
 SHARD_AXIS = {"wq": 1, "wk": 1, "wv": 1, "wo": 0, "w1": 1, "w2": 0}
 """The axis of each layer matrix cut across a tensor-parallel group (columns of the query, key,
@@ -123,15 +127,11 @@ def shard_weights(weights: dict[str, np.ndarray], tp_rank: int, tp: int) -> dict
     local = {}
     for name, w in weights.items():
         axis = shard_axis(name)
-        local[name] = w.copy() if axis is None else np.split(w, tp, axis=axis)[tp_rank].copy()
+        local[name] = (w if axis is None else chunk(w, tp_rank, tp, axis)).copy()
     return local
 
 
 # -- the model ---------------------------------------------------------------------------------
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
@@ -163,8 +163,8 @@ def loss(
     ``params``: this rank's parameters (whole, or its tensor-parallel part); ``tp_group``: the
     ranks that share the cut matrices (None: one process, f and f̄ are the identity).
     """
-    f: Callable[[Tensor], Tensor] = _identity
-    f_bar: Callable[[Tensor], Tensor] = _identity
+    f: Callable[[Tensor], Tensor] = identity
+    f_bar: Callable[[Tensor], Tensor] = identity
     heads = config.heads
     if tp_group is not None:
         f = lambda x: duality.copy_to_ranks(x, tp_group)  # noqa: E731
@@ -198,25 +198,17 @@ class Training:
     momentum: float = 0.9
 
 
-def _sgd_momentum(params: dict[str, Tensor], velocity: dict[str, np.ndarray], t: Training) -> None:
-    """v ← μ v + g, θ ← θ − η v, for each parameter, in place."""
-    grads = data_parallel.gradients_of(list(params.values()))
-    for (name, p), g in zip(params.items(), grads, strict=True):
-        velocity[name] = t.momentum * velocity[name] + g
-        p.data -= t.lr * velocity[name]
-        p.grad = None
-
-
 def train_one_process(t: Training) -> list[float]:
     """The loss of every step, training the whole model on whole batches in this process."""
     params = {n: Tensor(w.copy(), requires_grad=True) for n, w in t.weights.items()}
-    velocity = {n: np.zeros_like(w) for n, w in t.weights.items()}
+    optimizer = SGD(params.values(), t.lr, t.momentum)
     losses = []
     for windows in t.windows:
         step_loss = loss(params, windows, t.config)
         step_loss.backward()
         losses.append(float(step_loss.data))
-        _sgd_momentum(params, velocity, t)
+        optimizer.step()
+        optimizer.zero_grad()
     return losses
 
 
@@ -233,24 +225,15 @@ def train_on_grid(t: Training, dp: int, tp: int, steps: int | None = None) -> li
     params = {
         n: Tensor(w, requires_grad=True) for n, w in shard_weights(t.weights, g.tp_rank, tp).items()
     }
-    velocity = {n: np.zeros_like(p.data) for n, p in params.items()}
+    replicas = DataParallel(params.values(), group=g.dp_group)  # the column averages
+    optimizer = SGD(params.values(), t.lr, t.momentum)
     losses = []
     for windows in t.windows[:steps]:
-        rows = np.split(windows, dp)[g.dp_rank]  # this row's sequences
+        rows = chunk(windows, g.dp_rank, dp)  # this row's sequences
         step_loss = loss(params, rows, t.config, g.tp_group)
-        step_loss.backward()
-        average_gradients(list(params.values()), g.dp_group)
+        replicas.backward(step_loss)  # the backward, then one all-reduce of the gradients
         mean = dist.all_reduce(step_loss.data, op=dist.ReduceOp.AVG, group=g.dp_group)
         losses.append(float(mean))
-        _sgd_momentum(params, velocity, t)
+        optimizer.step()
+        optimizer.zero_grad()
     return losses
-
-
-def average_gradients(params: Sequence[Tensor], group: dist.Group) -> None:
-    """Replace every ``p.grad`` by its mean over ``group``: one all-reduce of all of them,
-    laid end to end (:func:`chainrule.parallel.data_parallel.flatten_gradients`)."""
-    grads = data_parallel.gradients_of(params)
-    flat = data_parallel.flatten_gradients(grads)
-    mean = np.asarray(dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group))
-    for p, g in zip(params, data_parallel.unflatten_gradients(mean, grads), strict=True):
-        p.grad = g

@@ -74,8 +74,10 @@ import numpy as np
 from chainrule import dist
 from chainrule.dist import world as _world
 from chainrule.dist.calls import Call
+from chainrule.dist.chunks import chunk
 from chainrule.dist.collectives import ring_bytes
 from chainrule.engine import ops
+from chainrule.engine.optim import SGD, update
 from chainrule.engine.tensor import Tensor, no_grad
 from chainrule.parallel.placement import (
     Partial,
@@ -490,13 +492,11 @@ class Zero:
         (the other ranks' chunks of it come back with the gather)."""
         rank = dist.rank()
         for k, (layout, g) in enumerate(zip(self.layouts, grads, strict=True)):
-            v = self.velocity[k]
-            v *= self.momentum
-            v += g
+            v, lr, mu = self.velocity[k], self.lr, self.momentum
             if self.stage in (0, 3):
-                self.flat[k] -= self.lr * v
+                update(self.flat[k], g, lr, v, mu, out=self.flat[k])
             else:
-                mine = self.flat[k][layout.owned(rank)] - self.lr * v
+                mine = update(self.flat[k][layout.owned(rank)], g, lr, v, mu)
                 del self.flat[k]  # the whole θ of this group is not needed until the gather
                 self.flat.insert(k, np.asarray(dist.all_gather(mine)))
 
@@ -533,49 +533,34 @@ class MeasuredMemory:
     peak: int
 
 
-class _Recorder:
-    """Rank 0's world during a run, which also keeps a copy of every collective's result."""
+class _Tape:
+    """Rank 0's world, twice. Recording (``inner`` given): ``inner`` answers each collective and
+    a copy of its result is kept in ``received``. Replaying (``received`` given): a world of one
+    rank that answers each collective with the recorded result, in a new buffer (as the network
+    delivers it), after checking that the call is the one that was made then."""
 
-    def __init__(self, inner: _world.World) -> None:
-        self.inner = inner
-        self.backend, self.rank, self.world_size = inner.backend, inner.rank, inner.world_size
-        self.native, self.device = inner.native, inner.device
-        self.received: list[tuple[Call, np.ndarray]] = []
+    native, device = "numpy", None
+
+    def __init__(self, world_size: int, inner: Any = None, received: Any = None) -> None:
+        self.inner, self.rank, self.world_size, self.backend = inner, 0, world_size, "replay"
+        self.received: list[tuple[Call, np.ndarray]] = [] if received is None else received
+        self.replay = iter(self.received)
 
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
+        if self.inner is None:
+            recorded, result = next(self.replay)
+            if recorded != call:
+                raise RuntimeError(f"the replay calls {call}, the run called {recorded}")
+            return result.copy(), call
         result, lead = self.inner.collective(call, data, into)
         self.received.append((call, np.array(result, copy=True)))
         return result, lead
 
-    def register_group(self, group: Any) -> None:
-        raise TypeError("the memory measurement records the whole world's collectives only")
-
     def subgroup(self, group: Any) -> _world.World:
-        raise TypeError("the memory measurement records the whole world's collectives only")
-
-
-class _Replay:
-    """A world of one rank that answers each collective with what rank 0 received in the
-    recorded run, in a new buffer (as the network delivers it), after checking that the call
-    is the one that was made then."""
-
-    backend, native, device = "replay", "numpy", None
-
-    def __init__(self, received: list[tuple[Call, np.ndarray]], world_size: int) -> None:
-        self.rank, self.world_size = 0, world_size
-        self.received = iter(received)
-
-    def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
-        recorded, result = next(self.received)
-        if recorded != call:
-            raise RuntimeError(f"the replay calls {call}, the run called {recorded}")
-        return result.copy(), call
+        raise TypeError("the memory measurement answers the whole world's collectives only")
 
     def register_group(self, group: Any) -> None:
-        raise TypeError("the replay answers the whole world's collectives only")
-
-    def subgroup(self, group: Any) -> _world.World:
-        raise TypeError("the replay answers the whole world's collectives only")
+        self.subgroup(group)
 
 
 def _recorded_step(
@@ -585,10 +570,10 @@ def _recorded_step(
     rank, P = dist.rank(), dist.world_size()
     recorder = None
     if rank == 0:
-        recorder = _Recorder(_world.current_world())
+        recorder = _Tape(P, inner=_world.current_world())
         _world.set_rank_world(recorder)
     zero = Zero.create(layers, params, stage, 0.1, reshard=reshard)
-    zero.step(*(_shard_rows(a, rank, P) for a in batch))
+    zero.step(*(chunk(a, rank, P) for a in batch))
     return zero.flat, (recorder.received if recorder is not None else None)
 
 
@@ -609,17 +594,17 @@ def measure_memory(
     laid out. The replayed rank must end with the run's parameters, or this raises.
     """
     _check_stage(stage)
-    _shard_rows(batch[0], 0, world_size)
+    chunk(batch[0], 0, world_size)
     args = (list(layers), params, batch, stage, reshard)
     flats, received = dist.run(_recorded_step, world_size, args=args)[0]
 
     def replay() -> tuple[MeasuredMemory, list[np.ndarray]]:
-        _world.set_rank_world(_Replay(received, world_size))
+        _world.set_rank_world(_Tape(world_size, received=received))
         tracemalloc.start()
         try:
             zero = Zero.create(layers, params, stage, 0.1, reshard=reshard)
             tracemalloc.reset_peak()  # laying out the states copies the whole model once
-            zero.step(*(_shard_rows(a, 0, world_size) for a in batch))
+            zero.step(*(chunk(a, 0, world_size) for a in batch))
             held, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
@@ -643,14 +628,6 @@ class Result:
     params: Params
 
 
-def _shard_rows(array: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    rows = array.shape[0]
-    if rows % world_size:
-        raise ValueError(f"a batch of {rows} rows does not split into {world_size} equal shards")
-    size = rows // world_size
-    return array[rank * size : (rank + 1) * size]
-
-
 def _train_rank(
     layers: list[Linear],
     params: Params,
@@ -663,7 +640,7 @@ def _train_rank(
     """SPMD: train on this rank's shard of every batch; return losses and flat buffers."""
     zero = Zero.create(layers, params, stage, lr, momentum=momentum, reshard=reshard)
     rank, P = dist.rank(), dist.world_size()
-    losses = [zero.step(_shard_rows(x, rank, P), _shard_rows(y, rank, P)) for x, y in batches]
+    losses = [zero.step(chunk(x, rank, P), chunk(y, rank, P)) for x, y in batches]
     return losses, zero.flat
 
 
@@ -683,7 +660,7 @@ def train(
     at ZeRO ``stage`` on ``world_size`` ranks of ``backend``."""
     _check_stage(stage)
     for x, _ in batches:
-        _shard_rows(x, 0, world_size)  # equal shards, checked before any rank starts
+        chunk(x, 0, world_size)  # equal shards, checked before any rank starts
     args = (list(layers), params, list(batches), stage, lr, momentum, reshard)
     results = dist.run(_train_rank, world_size, backend=backend, args=args, trace=trace)
     losses = [float(np.mean(step)) for step in zip(*(r[0] for r in results), strict=True)]
@@ -708,22 +685,19 @@ def train_one_process(
     momentum: float = 0.9,
 ) -> tuple[list[float], Params]:
     """The reference: the same SGD with momentum on the whole batch, in one process."""
-    theta = [[a.copy() for a in layer] for layer in params]
-    velocity = [[np.zeros_like(a) for a in layer] for layer in params]
+    leaves = [[Tensor(a.copy(), requires_grad=True) for a in layer] for layer in params]
+    optimizer = SGD([leaf for layer in leaves for leaf in layer], lr, momentum)
     losses = []
     for x, y in batches:
-        leaves = [[Tensor(a, requires_grad=True) for a in layer] for layer in theta]
         out = Tensor(x)
         for layer, p in zip(layers, leaves, strict=True):
             out = layer(p, out)
         loss = ops.mse_loss(out, y)
         loss.backward()
         losses.append(float(loss.item()))
-        for i, layer_leaves in enumerate(leaves):
-            for j, leaf in enumerate(layer_leaves):
-                velocity[i][j] = momentum * velocity[i][j] + np.asarray(leaf.grad)
-                theta[i][j] = theta[i][j] - lr * velocity[i][j]
-    return losses, theta
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses, [[leaf.data for leaf in layer] for layer in leaves]
 
 
 # -- communication per step, from the placements --------------------------------------------------

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from chainrule import dist
-from chainrule.course.widgets.live_widget import LiveWidget
+from chainrule.course.widgets.live_widget import LiveWidget, canvas
 from chainrule.course.widgets.tables import html_table
 from chainrule.engine.tensor import Tensor
 from chainrule.parallel.duality import DUALITY_TABLE, REPLICATED, DualityRow, duality_row
@@ -193,11 +193,7 @@ def plot_routing(routing: Routing) -> Figure:
     panel_h = 18 + P * (BOX_H + ROW_GAP)
     title_h = 22
     height = title_h + 2 * panel_h + 6
-    figure = Figure(figsize=(width / 72, height / 72))
-    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, height)
-    ax.axis("off")
+    figure, ax = canvas(width, height)
     ax.text(
         width / 2,
         height - title_h / 2,

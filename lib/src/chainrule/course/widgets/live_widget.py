@@ -43,6 +43,15 @@ def figure_png(figure: Figure, dpi: int = 100) -> bytes:
     return buffer.getvalue()
 
 
+def canvas(width: float, height: float) -> tuple[Figure, Any]:
+    """A figure of ``width`` × ``height`` points whose one axes, without frame, counts points."""
+    figure = Figure(figsize=(width / 72, height / 72))
+    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
+    ax.set(xlim=(0, width), ylim=(0, height))
+    ax.axis("off")
+    return figure, ax
+
+
 def smallest_text_px(figure: Figure, png: bytes | None = None, display_width: float = 940) -> float:
     """The height in pixels of the smallest text of ``figure`` as the page shows its PNG.
 

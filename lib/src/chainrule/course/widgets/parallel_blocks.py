@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
+from chainrule.course.widgets.live_widget import canvas
 from chainrule.parallel.placement import Partial, Replicate, Shard
 from chainrule.parallel.sharded import ShardedTensor
 
@@ -74,11 +75,7 @@ def plot_block(paths: Mapping[str, Sequence[Stage]], title: str = "") -> Figure:
     left = 76.0
     width = left + longest * BOX_W + (longest - 1) * arrow_w + 10
     height = len(paths) * ROW_H + (26 if title else 6) + 22
-    figure = Figure(figsize=(width / 72, height / 72))
-    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, height)
-    ax.axis("off")
+    figure, ax = canvas(width, height)
     if title:
         ax.text(width / 2, height - 12, title, ha="center", va="center",
                 fontsize=TEXT_PT + 2, fontweight="bold")  # fmt: skip

@@ -31,7 +31,7 @@ from matplotlib.patches import Rectangle
 
 from chainrule import dist
 from chainrule.costs.comm_cost import event_bytes
-from chainrule.course.widgets.live_widget import LiveWidget
+from chainrule.course.widgets.live_widget import LiveWidget, canvas
 from chainrule.course.widgets.tables import html_table
 from chainrule.engine.tensor import Tensor
 from chainrule.parallel import sharded as sh
@@ -509,11 +509,7 @@ def plot_blocks(case: MatmulCase) -> Figure:
     width = 3 * side + 2 * GAP + 20
     legend_h = 20.0
     height = side + 34 + LABEL_PT * 1.4 + legend_h  # two lines of title above each grid
-    figure = Figure(figsize=(width / 72, height / 72))
-    ax = figure.add_axes((0.0, 0.0, 1.0, 1.0))
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, height)
-    ax.axis("off")
+    figure, ax = canvas(width, height)
     for k, (title, placement) in enumerate(grids):
         x0 = 10 + k * (side + GAP)
         y0 = legend_h + 4
