@@ -35,7 +35,7 @@ BACKENDS = ("sim", "gloo", "nccl")
 # -- checks and conversions, once per call ----------------------------------------------------
 
 
-def _prepare(world: World, op: str, x: Any, params: tuple) -> tuple[Any, Call]:
+def _prepare(world: World, op: str, x: Any, params: tuple[Any, ...]) -> tuple[Any, Call]:
     """``x`` as the world's native array, and this rank's :class:`Call` of ``op``."""
     if type(x) is np.ndarray and world.native == "numpy" and x.dtype.kind in "biufc":
         return x, Call(op, params, x.shape, interop.numpy_dtype_name(x.dtype), "numpy")
@@ -85,7 +85,9 @@ def normalize_axis(axis: int, ndim: int, what: str) -> int:
     return int(axis) % ndim
 
 
-def check_divisible(shape: tuple, axis: int, world_size: int, op: str, what: str = "axis") -> int:
+def check_divisible(
+    shape: tuple[Any, ...], axis: int, world_size: int, op: str, what: str = "axis"
+) -> int:
     """``axis`` of ``shape``, which must split into ``world_size`` equal chunks (one per rank)."""
     if not shape:
         raise ValueError(f"{op} needs an array with at least one dimension, got a 0-d value")
@@ -200,7 +202,7 @@ def all_to_all(
     """
     world = group_world(group)
     data, call = _prepare(world, "all_to_all", x, ())
-    shape: tuple = call.shape  # type: ignore[assignment]
+    shape: tuple[Any, ...] = call.shape  # type: ignore[assignment]
     P, params = world.world_size, cast(tuple[tuple[str, Any], ...], ())
     if send_counts is None:
         split_axis = check_divisible(shape, split_axis, P, "all_to_all", "split_axis")
@@ -332,12 +334,12 @@ def run(
     fn: Callable[..., Any],
     world_size: int,
     backend: str = "sim",
-    args: tuple = (),
+    args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     timeout: float | None = None,
     deterministic: bool = True,
     trace: Any = None,
-) -> list:
+) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` ranks; results in rank order.
 
     ``backend``: "sim" (greenlets in this thread, the default), "gloo" or "nccl" (one process

@@ -91,7 +91,7 @@ def agree(calls: Sequence[Call], seq: int) -> Call:
     if spec.rooted:  # only the source's value and arguments count
         _same_params([call.params[:1] for call in calls], name)
         src = first.param("src")
-        source = calls[src]
+        source: Call = calls[src]
         for r, call in enumerate(calls):
             if call.shape is not None and (call.shape, call.dtype) != (source.shape, source.dtype):
                 raise CollectiveError(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -26,4 +26,4 @@ def chunk(x: T, index: int, parts: int, axis: int = 0) -> T:
     shape = tuple(array.shape)
     axis %= len(shape)
     where = chunk_slice(shape[axis], index, parts, f"axis {axis} of shape {shape}")
-    return array[(slice(None),) * axis + (where,)]
+    return cast(T, array[(slice(None),) * axis + (where,)])

@@ -71,12 +71,9 @@ COLLECTIVES: dict[str, Collective] = {
 
 def collective(name: str) -> Collective:
     """The specification of the collective ``name`` (ValueError for one that is not)."""
-    try:
-        return COLLECTIVES[name]
-    except KeyError:
-        raise ValueError(
-            f"no collective named {name!r}; the collectives are {', '.join(COLLECTIVES)}"
-        ) from None
+    if name not in COLLECTIVES:
+        raise ValueError(f"no collective named {name!r}; they are {', '.join(COLLECTIVES)}")
+    return COLLECTIVES[name]
 
 
 def ring_bytes(op: str, nbytes: float, world_size: int) -> float:

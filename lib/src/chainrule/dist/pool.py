@@ -318,11 +318,11 @@ def run(
     fn: Callable[..., Any],
     world_size: int,
     backend: str,
-    args: tuple,
+    args: tuple[Any, ...],
     kwargs: dict[str, Any],
     timeout: float | None,
     trace: Trace | None,
-) -> list:
+) -> list[Any]:
     """``fn(*args, **kwargs)`` on every rank of a pool; see :func:`chainrule.dist.run`."""
     if backend == "nccl":
         import torch

@@ -44,7 +44,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from greenlet import GreenletExit, greenlet
@@ -103,11 +103,11 @@ class SimulatedWorld:
     def run(
         self,
         fn: Callable[..., Any],
-        args: tuple = (),
+        args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         *,
         trace: Trace | None = None,
-    ) -> list:
+    ) -> list[Any]:
         """``fn(*args, **kwargs)`` once per rank, in P greenlets; the results in rank order."""
         refuse_nested_run()
         if not self._running.acquire(blocking=False):
@@ -199,7 +199,9 @@ class _Run:
 
     # -- scheduling -------------------------------------------------------------------------
 
-    def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> list:
+    def execute(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[Any]:
         """Run every rank to its end; the results in rank order, or the run's error."""
         self.fn, self.args, self.kwargs = fn, args, kwargs
         for _ in range(self.world_size):
@@ -397,7 +399,7 @@ class _Run:
         meeting.arrived[rank] = (call, data)
         self.waiting_in[rank] = members
         if len(meeting.arrived) < P:
-            return self.scheduler.switch()
+            return cast(tuple[Any, Call], self.scheduler.switch())
         arrived = [meeting.arrived[r] for r in members]
         seq = meeting.seq
         meeting.arrived, meeting.seq = {}, seq + 1
@@ -535,7 +537,7 @@ def _all_reduce(arrays: list[np.ndarray], call: Call, deterministic: bool) -> li
     return [_reduce(_ring_order(arrays, r), op) for r in range(P)]
 
 
-def _reduce_scatter(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:
+def _reduce_scatter(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list[Any]:
     op, axis, P = call.param("op"), call.param("axis"), len(arrays)
     chunks = [np.split(a, P, axis=axis) for a in arrays]
     same = _same_order(op, deterministic, P)
@@ -544,12 +546,12 @@ def _reduce_scatter(arrays: list[np.ndarray], call: Call, deterministic: bool) -
     ]
 
 
-def _all_gather(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:
+def _all_gather(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list[Any]:
     gathered = np.concatenate(arrays, axis=call.param("axis"))
     return [gathered] + [gathered.copy() for _ in arrays[1:]]
 
 
-def _all_to_all(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:
+def _all_to_all(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list[Any]:
     P, counts = len(arrays), dict(call.params).get("send_counts")  # every rank's, when uneven
     cuts: list[Any] = [P] * P if counts is None else [np.cumsum(row)[:-1] for row in counts]
     chunks = [
@@ -560,21 +562,21 @@ def _all_to_all(arrays: list[np.ndarray], call: Call, deterministic: bool) -> li
     ]
 
 
-def _broadcast(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:
+def _broadcast(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list[Any]:
     source = arrays[call.param("src")]
     return [np.array(source, order="C") for _ in arrays]
 
 
-def _scatter(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list:
+def _scatter(arrays: list[np.ndarray], call: Call, deterministic: bool) -> list[Any]:
     chunks = np.split(arrays[call.param("src")], len(arrays), axis=call.param("axis"))
     return [np.array(chunk, order="C") for chunk in chunks]
 
 
-def _barrier(arrays: list[None], call: Call, deterministic: bool) -> list:
+def _barrier(arrays: list[None], call: Call, deterministic: bool) -> list[Any]:
     return [None] * len(arrays)
 
 
-COMPUTE: dict[str, Callable[[list, Call, bool], list]] = {
+COMPUTE: dict[str, Callable[[list[Any], Call, bool], list[Any]]] = {
     "all_reduce": _all_reduce,
     "reduce_scatter": _reduce_scatter,
     "all_gather": _all_gather,

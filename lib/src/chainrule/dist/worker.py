@@ -43,7 +43,7 @@ class Task:
     """Run ``fn(*args, **kwargs)`` on every rank, with the caller's import path."""
 
     fn: Any
-    args: tuple
+    args: tuple[Any, ...]
     kwargs: dict[str, Any]
     sys_path: list[str]
     tracing: bool

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -77,7 +77,7 @@ def to_numpy(x: Any) -> np.ndarray:
         t = x.detach().cpu()
         if str(t.dtype) == "torch.bfloat16":
             t = t.float()
-        return t.resolve_conj().resolve_neg().numpy()
+        return cast(np.ndarray, t.resolve_conj().resolve_neg().numpy())
     array = np.asarray(x)
     if array.dtype.kind not in "biufc":
         raise TypeError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -198,7 +198,7 @@ class Tensor:
         return self.data
 
     def item(self) -> float:
-        return self.data.item()
+        return cast(float, self.data.item())
 
     def __len__(self) -> int:
         return len(self.data)
