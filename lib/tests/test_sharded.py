@@ -317,3 +317,11 @@ def test_a_replicated_bias_over_a_sharded_axis_is_refused():
         return True
 
     assert dist.run(spmd, 2) == [True, True]
+
+
+def test_a_transitions_collectives_are_known_inside_a_run_without_starting_a_world():
+    def describe():
+        step = transition(S0, R, fan_out=True)
+        return step.forward_text, step.backward_text
+
+    assert dist.run(describe, 2) == [("all-gather", "reduce-scatter")] * 2
