@@ -230,11 +230,28 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         graded = {o.student: o for o in grade_all(job, copied, options.workers, progress)}
     finally:  # a worker killed at its time limit leaves its sandbox's private folder behind
         shutil.rmtree(job.workspaces, ignore_errors=True)
+    return finish_batch(options, job, snapshots, students, graded, progress, stream)
+
+
+def finish_batch(
+    options: BatchOptions,
+    job: GradingJob,
+    snapshots: Snapshots,
+    students: Sequence[str],
+    graded: dict[str, StudentOutcome],
+    progress: Progress | None = None,
+    stream: TextIO | None = None,
+) -> BatchResult:
+    """The batch's end, once ``graded`` holds the outcome of every student whose submission was
+    copied (by this process's graders, or by a task queue's workers): flag, give feedback,
+    export and summarise (see the module doc)."""
+    stream = stream or sys.stdout
+    out_dir = job.logs.parent
     outcomes = []
     for student in students:
         error = snapshots.students[student].error
         outcome = graded[student] if error is None else not_copied(job, student, error)
-        if error is not None:
+        if error is not None and progress is not None:
             progress.report(outcome)
         note_snapshot(outcome, snapshots)
         outcomes.append(outcome)
