@@ -1,6 +1,7 @@
 # Autograd & the Mathematics of Distributed Training: the two commands.
 #   make lab    install (first run only) and open the course in JupyterLab
 #   make test   install (first run only) and run the whole test suite
+#   make hub    the course for a class: JupyterHub, exchange, PostgreSQL gradebook, grading queue
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -24,7 +25,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 ASSIGNMENT ?= check_yourself
 WORKERS ?= 2
 
-.PHONY: install lab test lint bench grade release sandbox clean-venv
+.PHONY: install lab test lint bench grade release sandbox clean-venv hub-install hub-setup hub worker
 
 install: $(VENV)/.installed
 
@@ -72,3 +73,27 @@ grade: install sandbox
 
 clean-venv:
 	rm -rf $(VENV)
+
+# -- The course for a class (README: "The course for a whole class") -------------------------------
+# Debian's PostgreSQL and Redis, bubblewrap, and the hub's proxy (configurable-http-proxy, pinned in
+# hub/package-lock.json), then the accounts, folders, exchange and gradebook of CLASS_ROOT (as root).
+CLASS_ROOT ?= /srv/autograd-distributed
+ROSTER ?= hub/roster.json
+HUB_WORKERS ?= 2
+
+hub-install: install sandbox
+	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	  || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server >/dev/null
+	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
+	test -x hub/node_modules/.bin/configurable-http-proxy || npm ci --prefix hub --no-audit --no-fund --loglevel=error
+
+hub-setup: hub-install
+	test -f $(CLASS_ROOT)/class.json || $(PY) -m chainrule.classroom setup --root $(CLASS_ROOT) --roster $(ROSTER)
+
+hub: hub-setup
+	$(PY) -m chainrule.classroom start --root $(CLASS_ROOT) --workers $(HUB_WORKERS)
+
+# One grading worker (another machine: see the README), for CLASS_SETTINGS' course.
+CLASS_SETTINGS ?= $(CLASS_ROOT)/class.json
+worker: install sandbox
+	$(PY) -m chainrule.classroom worker --settings $(CLASS_SETTINGS) $(WORKER_ARGS)

@@ -144,6 +144,23 @@ FAMILIES: tuple[Family, ...] = (
         "three. *class*: the 2-worker batch's time per student, times 1,000.",
     ),
     Family(
+        "queue",
+        "Grading on the task queue: one and two workers against the batch grader",
+        "benchmarks.queue:measure",
+        1,
+        "In a temporary class with its own PostgreSQL and Redis. The *grading* family's "
+        "`check_yourself` submissions (8, 3 with `--quick`), graded on the queue "
+        "(`python -m chainrule.classroom grade`, PostgreSQL gradebook) by one and then two "
+        "worker processes on this machine, each against the one-machine batch grader on the "
+        "same submissions (sequential, and `--workers 2`; SQLite gradebook). Times are the "
+        "batch's wall time from sending the jobs to the summary (the workers are started "
+        "before); *per minute* is submissions graded per minute; *identical grades*: every "
+        "student's per-notebook statuses and scores agree with the batch grader. *class*: "
+        "1,000 submissions at the 2-worker queue's rate on one machine like this one (2 cores), "
+        "and in `extra` the hours on 1, 2, 4, 8 and 16 such machines: the workers share only "
+        "the broker and the gradebook, whose work per submission is small next to grading it.",
+    ),
+    Family(
         "training",
         "Training steps: the capstone on a 2 × 2 grid, and data parallelism from scratch",
         "benchmarks.training:measure",

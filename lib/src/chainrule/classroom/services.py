@@ -108,6 +108,9 @@ class PostgresServer:
         )
         if result.returncode != 0:
             raise ServiceError(f"initdb failed:\n{result.stdout}{result.stderr}")
+        # workers on other machines connect over TCP, always with the password
+        with (self.datadir / "pg_hba.conf").open("a") as hba:
+            hba.write("host all all all scram-sha-256\n")
 
     def running(self) -> bool:
         return port_open(self.host, self.port)

@@ -91,9 +91,10 @@ def _may_start_children(**_: Any) -> None:
     have children, and gives them an authentication key of its own type, which the fork server
     refuses to send. The grading child kills its own process tree
     (:func:`chainrule.grading.child.run_limited`), so nothing is left behind."""
-    process = multiprocessing.current_process()
+    process: Any = multiprocessing.current_process()
     process.daemon = False
-    process._config["authkey"] = multiprocessing.process.AuthenticationString(os.urandom(32))
+    key: Any = multiprocessing.process
+    process._config["authkey"] = key.AuthenticationString(os.urandom(32))
 
 
 def attempt_key(course_id: str, task_id: str) -> str:
