@@ -24,8 +24,14 @@ COURSE_ID = "graders-test"
 
 
 def grade_as_instructor(
-    db_url: str, cell: str, answer: str, points: float, students: list[str], start: object
-) -> int:
+    db_url: str,
+    cell: str,
+    answer: str,
+    points: float,
+    students: list[str],
+    start: object,
+    done: object,
+) -> None:
     """One instructor: a score for the test ``cell`` and a comment on the ``answer`` cell of
     each student, a commit each."""
     from nbgrader.api import Gradebook
@@ -39,7 +45,7 @@ def grade_as_instructor(
             comment = gb.find_comment(answer, "squares", "tiny", student)
             comment.manual_comment = f"{answer} of {student}, by the instructor of {cell}"
             gb.db.commit()
-    return len(students)
+    done.put(len(students))  # type: ignore[attr-defined]
 
 
 def test_two_instructors_grading_at_once_lose_no_grade(
@@ -65,17 +71,24 @@ def test_two_instructors_grading_at_once_lose_no_grade(
             gb.add_submission("tiny", student)
 
     context = multiprocessing.get_context("spawn")
-    start = context.Barrier(2)
-    with context.Pool(2) as pool:
-        jobs = [
-            pool.apply_async(
-                grade_as_instructor, (db_url, "test_square", "square", 1.5, STUDENTS, start)
-            ),
-            pool.apply_async(
-                grade_as_instructor, (db_url, "test_cube", "cube", 0.5, STUDENTS[::-1], start)
-            ),
-        ]
-        assert [job.get(timeout=120) for job in jobs] == [len(STUDENTS)] * 2
+    start, done = context.Barrier(2), context.Queue()
+    instructors = [
+        context.Process(
+            target=grade_as_instructor,
+            args=(db_url, "test_square", "square", 1.5, STUDENTS, start, done),
+        ),
+        context.Process(
+            target=grade_as_instructor,
+            args=(db_url, "test_cube", "cube", 0.5, STUDENTS[::-1], start, done),
+        ),
+    ]
+    for process in instructors:
+        process.start()
+    graded = [done.get(timeout=120) for _ in instructors]
+    for process in instructors:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    assert graded == [len(STUDENTS)] * 2
 
     with Gradebook(db_url, COURSE_ID) as gb:
         for student in STUDENTS:

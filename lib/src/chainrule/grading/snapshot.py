@@ -15,8 +15,10 @@ The copy trusts nothing in the submission:
 - an error while copying one submission fails that student, never the batch.
 
 Each submission gives two copies: ``notebooks/<student>/<assignment>`` holds the assignment's
-notebooks and nbgrader's ``timestamp.txt``, and nothing else (nbgrader reads it and copies what
-it holds to ``autograded/`` and ``feedback/``, so no file a submission brings reaches them);
+notebooks, nbgrader's ``timestamp.txt`` and its ``submission_secret.txt`` (from which
+``release_feedback`` names the student's feedback in the exchange), and nothing else (nbgrader
+reads it and copies what it holds to ``autograded/`` and ``feedback/``, so no other file a
+submission brings reaches them);
 ``files/<student>/<assignment>`` holds every file copied, and becomes the home folder of the
 student's sandbox.
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
 TIMESTAMP = "timestamp.txt"
+SUBMISSION_SECRET = "submission_secret.txt"
 _CHUNK = 1024 * 1024
 
 
@@ -201,7 +204,7 @@ def snapshot_submission(
         snapshot.error = str(error) if isinstance(error, SnapshotError) else repr(error)
         return snapshot
     snapshot.skipped = copier.skipped
-    wanted = {f"{name}.ipynb" for name in notebooks} | {TIMESTAMP}
+    wanted = {f"{name}.ipynb" for name in notebooks} | {TIMESTAMP, SUBMISSION_SECRET}
     for name in copier.copied:
         if name in wanted:
             shutil.copyfile(snapshot.files / name, snapshot.notebooks / name)
