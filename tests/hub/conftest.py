@@ -92,6 +92,13 @@ class Classroom:
     students: tuple[str, str]
     passwords: dict[str, str]
 
+    def database(self, name: str) -> str:
+        """A gradebook database ``name`` of its own in the class's PostgreSQL; its URL."""
+        password = f"{name}-password"
+        self.deployment.postgres.ensure_gradebook(name, password)
+        s = self.settings
+        return f"postgresql+psycopg://{name}:{password}@{s.host}:{s.postgres_port}/{name}"
+
 
 @pytest.fixture(scope="session")
 def classroom() -> Iterator[Classroom]:

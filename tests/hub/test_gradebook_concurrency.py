@@ -53,13 +53,7 @@ def test_two_instructors_grading_at_once_lose_no_grade(
 ) -> None:
     from nbgrader.api import Gradebook
 
-    settings = classroom.settings
-    database, password = "graders_test", "graders-test-password"
-    classroom.deployment.postgres.ensure_gradebook(database, password)
-    db_url = (
-        f"postgresql+psycopg://{database}:{password}@{settings.host}:"
-        f"{settings.postgres_port}/{database}"
-    )
+    db_url = classroom.database("graders_test")
     make_course(
         tmp_path / "course",
         extra_config=f'c.CourseDirectory.course_id = "{COURSE_ID}"\n'

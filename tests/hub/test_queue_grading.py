@@ -105,12 +105,7 @@ def test_forty_submissions_on_two_workers_grade_as_the_batch_grader_despite_a_ki
     classroom: Classroom, tmp_path: Path
 ) -> None:
     settings = classroom.settings
-    database, password = "queue_test", "queue-test-password"
-    classroom.deployment.postgres.ensure_gradebook(database, password)
-    db_url = (
-        f"postgresql+psycopg://{database}:{password}@{settings.host}:"
-        f"{settings.postgres_port}/{database}"
-    )
+    db_url = classroom.database("queue_test")
     course_line = f'c.CourseDirectory.course_id = "{COURSE_ID}"\n'
     queued = make_course(
         tmp_path / "queued",

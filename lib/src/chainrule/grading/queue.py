@@ -33,7 +33,6 @@ import base64
 import hashlib
 import io
 import shutil
-import sqlite3
 import tarfile
 import tempfile
 import threading
@@ -56,7 +55,7 @@ from chainrule.grading.batch import (
     make_job as make_batch_job,
 )
 from chainrule.grading.config import CourseLayout, grading_env, load_config
-from chainrule.grading.gradebooks import merge_submissions
+from chainrule.grading.gradebooks import copy_gradebook, merge_submissions
 from chainrule.grading.grader import grade_student_safely
 from chainrule.grading.outcomes import GRADER_CRASHED, NotebookOutcome, StudentOutcome
 from chainrule.grading.sandbox import sandbox_problem
@@ -260,15 +259,7 @@ def private_gradebook(
     from nbgrader.api import Base
     from sqlalchemy import create_engine, delete, insert, select
 
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    source = sqlite3.connect(_empty_gradebook(course_id))
-    target = sqlite3.connect(destination)
-    try:
-        source.backup(target)
-    finally:
-        target.close()
-        source.close()
-    url = f"sqlite:///{destination}"
+    url = copy_gradebook(f"sqlite:///{_empty_gradebook(course_id)}", destination)
     t = Base.metadata.tables
     shared = create_engine(shared_url)
     private = create_engine(url)
