@@ -22,12 +22,12 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from chainrule.classroom.deploy import PROXY, Deployment, setup_class, teardown_class
-from chainrule.classroom.settings import ClassSettings, Roster
+from chainrule.classroom.settings import Roster
+from running_class import Classroom
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("HUB_ARTIFACTS", REPO / "test-artifacts" / "hub"))
@@ -80,24 +80,6 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-@dataclass
-class Classroom:
-    """A running class: its settings, deployment, people and their passwords."""
-
-    settings: ClassSettings
-    deployment: Deployment
-    instructor: str
-    students: tuple[str, str]
-    passwords: dict[str, str]
-
-    def database(self, name: str) -> str:
-        """A gradebook database ``name`` of its own in the class's PostgreSQL; its URL."""
-        password = f"{name}-password"
-        self.deployment.postgres.ensure_gradebook(name, password)
-        s = self.settings
-        return f"postgresql+psycopg://{name}:{password}@{s.host}:{s.postgres_port}/{name}"
 
 
 @pytest.fixture(scope="session")

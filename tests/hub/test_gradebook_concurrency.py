@@ -14,8 +14,8 @@ import multiprocessing
 from pathlib import Path
 
 import pytest
-from conftest import Classroom
 from grading_course import make_course
+from running_class import Classroom
 
 pytestmark = [pytest.mark.hub]
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from assignment_fixtures import Assignment
-from conftest import Classroom
 from playwright.sync_api import Browser, BrowserContext, Page
+from running_class import Classroom
 
 pytestmark = [pytest.mark.hub, pytest.mark.browser, pytest.mark.sandbox, pytest.mark.slow]
 

@@ -27,8 +27,8 @@ from chainrule.classroom.__main__ import app_for
 from chainrule.classroom.dispatch import grade_on_queue
 from chainrule.grading.gradebooks import snapshot
 from chainrule.grading.queue import BatchOptions
-from conftest import Classroom
 from grading_course import answer, make_course, solve, source_notebooks, submit
+from running_class import Classroom
 
 pytestmark = [pytest.mark.hub, pytest.mark.sandbox, pytest.mark.slow]
 
