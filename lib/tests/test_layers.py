@@ -1,7 +1,8 @@
 """The library's folders are its layers: no module imports from a layer above its own.
 
 The order, lowest first, is the package docstring's (and lib/README.md's): the engine, the
-collectives (dist), parallelism, the cost models, judging, the course's tools, grading. The
+collectives (dist), parallelism, the cost models, judging, the course's tools, grading, the
+classroom deployment. The
 package's own ``__init__`` is the engine's front door. Every import statement counts, at the
 top of a module or inside a function, under ``TYPE_CHECKING`` or not.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 import chainrule
 import pytest
 
-LAYERS = ("engine", "dist", "parallel", "costs", "judging", "course", "grading")
+LAYERS = ("engine", "dist", "parallel", "costs", "judging", "course", "grading", "classroom")
 PACKAGE = Path(chainrule.__file__).parent
 
 

@@ -21,6 +21,8 @@ layers under it (``lib/tests/test_layers.py`` checks every import):
    restart hint, the install check, graph drawing, the DTensor comparison, timing real
    collectives, the widgets.
 7. :mod:`chainrule.grading`: autograding the exercises with nbgrader.
+8. :mod:`chainrule.classroom`: the course for a class: JupyterHub, the exchange, a PostgreSQL
+   gradebook and grading over a task queue.
 """
 
 from chainrule.engine.tensor import Tensor, as_tensor, is_grad_enabled, no_grad, tensor
