@@ -45,9 +45,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import zmq.asyncio
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
@@ -63,6 +65,10 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/nsswitch.conf")
 #: Size of the sandbox's RAM-backed ``/tmp`` and ``/dev/shm`` (each), at most.
 TMPFS_MB = 512
+#: Seconds a forked kernel may take to bind its sockets before its client connects anyway.
+KERNEL_BIND_TIMEOUT = 30.0
+#: How long a kernel client waits for each answer while the kernel starts.
+POLL_S = 0.02
 #: Seconds the zygote may take to import numpy, torch and the course library.
 ZYGOTE_START_TIMEOUT = 120.0
 
@@ -415,7 +421,19 @@ class ZygoteProvisioner(LocalProvisioner):
         self._lifeline.setblocking(False)
         self.pgid = self.pid
         self.process = None
+        await self._sockets_bound(km)
         return self.connection_info
+
+    async def _sockets_bound(self, km: Any) -> None:
+        """Return once the kernel has bound its IPC sockets (or died): a client that connects
+        earlier is refused and ZeroMQ tries again only 100 ms later."""
+        ports = (km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port)
+        paths = [f"{km.ip}-{port}" for port in ports]
+        deadline = time.monotonic() + KERNEL_BIND_TIMEOUT
+        while not all(os.path.exists(path) for path in paths):
+            if await self.poll() is not None or time.monotonic() > deadline:
+                return  # the client's wait for the kernel says what went wrong
+            await asyncio.sleep(0.002)
 
     @property
     def has_process(self) -> bool:
@@ -435,7 +453,7 @@ class ZygoteProvisioner(LocalProvisioner):
 
     async def wait(self) -> int | None:
         while await self.poll() is None:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
         if self._lifeline is not None:
             self._lifeline.close()
             self._lifeline = None
@@ -452,6 +470,35 @@ class ZygoteProvisioner(LocalProvisioner):
         await self.send_signal(signal.SIGTERM)
 
 
+class PromptKernelClient(AsyncKernelClient):
+    """Jupyter's asynchronous kernel client, ready as soon as the kernel is.
+
+    A kernel is ready when it answers ``kernel_info`` on the shell channel and its IOPub
+    messages reach the client: a new subscriber misses what the kernel publishes before its
+    subscription arrives. jupyter_client waits 0.2 s of silence on IOPub before it asks again
+    (and a second each on the shell channel); this client asks again every 20 ms, which
+    costs a forked kernel a few milliseconds instead of a quarter of a second. Replies to the
+    extra requests are ignored by nbclient, which waits for the reply to its own request.
+    """
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:  # type: ignore[override]
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        while True:
+            self.kernel_info()
+            try:
+                reply = await self.shell_channel.get_msg(timeout=POLL_S)
+                if reply["msg_type"] == "kernel_info_reply":
+                    await self.iopub_channel.get_msg(timeout=POLL_S)
+                    self._handle_kernel_info_reply(reply)
+                    return
+            except Empty:
+                pass
+            if not await self._async_is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:g} seconds")
+
+
 class SandboxedKernelManager(AsyncKernelManager):
     """A kernel manager whose kernel the student's sandbox forks (:class:`ZygoteProvisioner`).
 
@@ -466,6 +513,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         # ``term`` waits for every socket), and a process grades or validates many notebooks.
         kwargs.setdefault("context", zmq.asyncio.Context.instance())
         super().__init__(**kwargs)
+        self.client_factory = PromptKernelClient
         folder = sandbox.sockets / notebook
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o777)
@@ -475,6 +523,10 @@ class SandboxedKernelManager(AsyncKernelManager):
         provisioner.sandbox = sandbox
         provisioner.notebook = notebook
         self.provisioner = provisioner
+
+    async def _async_wait(self, pollinterval: float = 0.01) -> None:
+        """Wait for the kernel to end, looking every 10 ms (jupyter_client looks every 100)."""
+        await super()._async_wait(pollinterval=pollinterval)
 
     def client(self, **kwargs: Any) -> Any:
         """A client of this kernel, on the same ZeroMQ context."""
