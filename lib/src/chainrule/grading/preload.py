@@ -5,17 +5,36 @@ forked child would otherwise pay again. Nothing here starts a thread, a kernel o
 so forking after these imports is safe.
 """
 
+import IPython.core.inputtransformer2  # noqa: E402, F401
 import nbclient  # noqa: F401
 import nbformat  # noqa: F401
 import nbgrader.api  # noqa: F401
 import nbgrader.converters  # noqa: F401
 import nbgrader.coursedir  # noqa: F401
 import nbgrader.utils  # noqa: F401
+import sqlalchemy.orm  # noqa: E402
 
 # Test cells run in the grader (chainrule.grading.execute), and some compute their references
 # with torch: imported once here rather than in every grading child.
 import torch  # noqa: E402, F401
 
 import chainrule.course.checks  # noqa: E402, F401
+
+# What the first notebook of every child would otherwise pay again: the fork client of the
+# sandbox, IPython's input transformation (the judge parses cells as IPython runs them), and
+# SQLAlchemy's mapping of the gradebook's tables (configured on first query).
+import chainrule.dist.forks  # noqa: E402, F401
 import chainrule.grading.worker  # noqa: F401
 import chainrule.judging.judge  # noqa: E402, F401
+
+sqlalchemy.orm.configure_mappers()
+
+# Validating a notebook's JSON and nbgrader's cell metadata builds their validators once.
+import nbformat.v4  # noqa: E402
+from nbgrader.nbgraderformat import MetadataValidator  # noqa: E402
+
+_warm = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
+nbformat.validate(_warm)
+MetadataValidator().validate_nb(_warm)
+sqlalchemy.create_engine("sqlite://").dispose()
+del _warm
