@@ -48,8 +48,12 @@ $(VENV)/.installed: Makefile requirements.txt requirements.lock lib/pyproject.to
 lab: install
 	$(BIN)/jupyter lab --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) course/00_start.ipynb
 
+# The suite runs on TEST_PROCESSES processes (pytest-xdist); tests that share fixtures run in one
+# (tests/conftest.py groups them). TEST_PROCESSES=0 runs it in this one.
+TEST_PROCESSES ?= 2
+
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadgroup)
 
 lint: install
 	$(BIN)/ruff check lib tests benchmarks
