@@ -17,7 +17,6 @@ import os
 
 import pytest
 
-
 #: Folders whose tests share session fixtures, so run in one process.
 SHARED_FOLDERS = ("tests/browser/", "tests/hub/")
 

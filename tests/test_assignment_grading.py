@@ -33,6 +33,7 @@ import shutil
 import nbformat
 import pytest
 from assignment_fixtures import ASSIGNMENTS, BY_NAME, REPO, validate_many
+from busy_machine import every_core_busy
 from chainrule.grading.config import load_config
 from chainrule.grading.hidden import split_hidden_tests
 from judged_in_process import judge_many
@@ -370,20 +371,34 @@ def test_plain_nbgrader_autograde_still_grades_in_the_kernel(tmp_path, assignmen
     assert cells and all(c.score == c.max_score for c in cells.values()), _report(cells)
 
 
-def test_regrading_gives_the_same_scores(graded):
+def test_regrading_on_a_busy_machine_gives_the_same_grades(graded):
+    """The instructor's solution and a wrong one graded again with every core busy with
+    spinning processes: every notebook graded, the same score on every cell."""
     assignment, course, _, _ = graded
-    student = WRONG_STUDENTS[assignment.name][0]
-    submitted = sorted(
-        p.stem for p in (course / "submitted" / student / assignment.name).glob("*.ipynb")
-    )
-    before = {n: assignment.cell_scores(course, student, n) for n in submitted}
-    (outcome,) = assignment.autograde(course, [student])
-    assert [nb.status for nb in outcome.notebooks if nb.submitted] == ["graded"] * len(submitted)
-    after = {n: assignment.cell_scores(course, student, n) for n in submitted}
-    assert {n: {k: c.score for k, c in v.items()} for n, v in after.items()} == {
-        n: {k: c.score for k, c in v.items()} for n, v in before.items()
+    students = ["instructor", WRONG_STUDENTS[assignment.name][0]]
+    submitted = {
+        s: sorted(p.stem for p in (course / "submitted" / s / assignment.name).glob("*.ipynb"))
+        for s in students
     }
-    assert any(c.score < c.max_score for v in after.values() for c in v.values())
+
+    def scores():
+        return {
+            (s, n): {
+                k: (c.score, c.max_score) for k, c in _autograded(assignment, course, s, n).items()
+            }
+            for s in students
+            for n in submitted[s]
+        }
+
+    before = scores()
+    with every_core_busy():
+        outcomes = assignment.autograde(course, students)
+    for outcome in outcomes:
+        statuses = [nb.status for nb in outcome.notebooks if nb.submitted]
+        assert statuses == ["graded"] * len(submitted[outcome.student]), outcome.student
+    assert scores() == before
+    lost = {s for (s, _), cells in before.items() for got, most in cells.values() if got < most}
+    assert lost == {students[1]}
 
 
 # -- feedback and exports ------------------------------------------------------------------------

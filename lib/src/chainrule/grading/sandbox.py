@@ -481,7 +481,7 @@ class PromptKernelClient(AsyncKernelClient):
     extra requests are ignored by nbclient, which waits for the reply to its own request.
     """
 
-    async def wait_for_ready(self, timeout: float | None = None) -> None:  # type: ignore[override]
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
         while True:
             self.kernel_info()
