@@ -53,7 +53,7 @@ lab: install
 TEST_PROCESSES ?= 2
 
 test: install
-	$(PY) -m pytest $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadgroup)
+	$(PY) -m pytest $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES))
 
 lint: install
 	$(BIN)/ruff check lib tests benchmarks

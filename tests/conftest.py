@@ -1,5 +1,5 @@
 """Tests that grade with the batch grader need its sandbox (bubblewrap); ``make test`` runs the
-suite on two processes (pytest-xdist, ``--dist loadgroup``).
+suite on two processes (pytest-xdist).
 
 Tests marked ``sandbox`` are skipped where bubblewrap cannot run (with the reason), except in CI
 (``CI`` set), where ``.ci/run`` installs it and its absence is a failure.
@@ -14,11 +14,19 @@ graded end to end, every fixture judged) serve the whole module.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 #: Folders whose tests share session fixtures, so run in one process.
 SHARED_FOLDERS = ("tests/browser/", "tests/hub/")
+#: The longest groups, handed out first so that no process is left with one at the end.
+LONGEST = (
+    "tests/test_assignment_grading.py",
+    "tests/browser/",
+    "tests/hub/",
+    "tests/test_grading_adversarial.py",
+)
 
 
 def process_group(nodeid: str) -> str:
@@ -27,10 +35,30 @@ def process_group(nodeid: str) -> str:
     return next((folder for folder in SHARED_FOLDERS if module.startswith(folder)), module)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduling by scope, with :func:`process_group` as the scope and the
+    longest groups first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ProcessGroups(LoadScopeScheduling):  # type: ignore[misc]
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return process_group(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:
+                for group in reversed(LONGEST):
+                    if group in self.workqueue:
+                        self.workqueue.move_to_end(group, last=False)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return ProcessGroups(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(process_group(item.nodeid)))
     marked = [item for item in items if item.get_closest_marker("sandbox")]
     if not marked or os.environ.get("CI"):
         return

@@ -198,7 +198,11 @@ def test_grading_parts_and_batches_run_on_their_smallest_size():
     extra = rows[2]["extra"]
     assert extra["identical_grades"] is True and extra["all_graded"] is True
     assert extra["distinct_grades"] == 2  # the second student left a cell unanswered
-    assert rows[3]["seconds"] == pytest.approx(rows[2]["baseline_seconds"] / 2 * 1000)
+    projected = rows[3]["extra"]
+    once, per_student = projected["once_per_batch_s"], projected["per_student_2_workers_s"]
+    assert rows[3]["seconds"] == pytest.approx(once + 1000 * per_student)
+    assert once + 2 * per_student == pytest.approx(rows[2]["baseline_seconds"])  # 2 submissions
+    assert parts["the batch's first student"] > 0
 
 
 def test_grading_submissions_leave_one_cell_each(tmp_path):
