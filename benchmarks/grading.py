@@ -336,6 +336,9 @@ def measure(
             seconds[(workers, isolate)] = elapsed
             batches.append((f"{workers} worker(s), sandbox {isolate}", copy, grades))
         differences = [d for other in batches[1:] for d in grade_differences(batches[0], other)]
+        per_student, once = class_terms(
+            seconds[(2, True)], batches[-1][1] / "grades" / "workers-2", 2
+        )
     identical = not differences
     noted = {"differences": "; ".join(differences)} if differences else {}
     sequential_s, parallel_s = seconds[(1, True)], seconds[(2, True)]
@@ -372,7 +375,6 @@ def measure(
             **noted,
         )
     )
-    per_student, once = class_terms(parallel_s, batches[-1][1] / "grades" / "workers-2", 2)
     rows.append(
         make_row(
             "grading.class",

@@ -14,6 +14,7 @@ graded end to end, every fixture judged) serve the whole module.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -68,3 +69,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if problem:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=problem))
+
+
+@pytest.fixture(scope="session")
+def playwright() -> Iterator[Any]:
+    """Playwright's synchronous API, started once per test process: the browser tests and
+    the class deployment's tests (which may share a process) each launch their browser from
+    it (a second start in one process fails: its event loop is already running)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as started:
+        yield started

@@ -217,6 +217,49 @@ def attacks(root: Path) -> dict[str, dict]:
             forged=True,
             scale="def scale(x, k):\n    return x",
         ),
+        # Hard links to the instructor's notebook and the gradebook: the same files under names
+        # of the student's (the snapshot leaves them out, whoever owns them).
+        "hardlink": dict(
+            hardlinks={
+                "mine.ipynb": f"{course}/source/tiny/arith.ipynb",
+                "book.db": f"{course}/gradebook.db",
+            },
+            scale="import os\nfor name in ('mine.ipynb', 'book.db'):\n"
+            "    if os.path.exists(name):\n        print(open(name, errors='replace').read())\n"
+            "def scale(x, k):\n    return x",
+        ),
+        # RAM-backed folders filled past their size, and a user namespace of its own (to map
+        # itself to root and mount what it likes): each refused, and said so.
+        "ramdisk": dict(
+            scale="import os, subprocess\nchunk = b'x' * 2**20\n"
+            "for folder in ('/dev/shm', '/tmp'):\n"
+            "    written = 0\n"
+            "    try:\n"
+            "        with open(os.path.join(folder, 'fill'), 'wb') as handle:\n"
+            "            for _ in range(4096):\n"
+            "                handle.write(chunk)\n                written += 1\n"
+            "    except OSError as error:\n"
+            "        print('RAMDISK', folder, 'full after', written, 'MiB:', error.strerror)\n"
+            "run = subprocess.run(['unshare', '--user', '--map-root-user', 'id', '-u'],\n"
+            "                     capture_output=True, text=True)\n"
+            "print('USERNS', run.returncode, run.stdout.strip(), run.stderr.strip()[:200])\n"
+            "def scale(x, k):\n    return x",
+        ),
+        # Every function that runs in the kernel recorded, with its code's file and source:
+        # what the tests send must be data and the student's own code, never test code.
+        "recorder": dict(
+            scale="import inspect, sys\nseen = set()\n"
+            "def record(frame, event, arg):\n"
+            "    code = frame.f_code\n"
+            "    if event == 'call' and code not in seen:\n"
+            "        seen.add(code)\n"
+            "        try:\n"
+            "            print('RECORDED', code.co_filename, inspect.getsource(code))\n"
+            "        except (OSError, TypeError):\n"
+            "            print('RECORDED', code.co_filename)\n"
+            "sys.setprofile(record)\n"
+            "def scale(x, k):\n    return x",
+        ),
         # The tests' helpers (the setup cell defines expect_close) deleted, and checks of the
         # student's own that pass anything.
         "deleted_helpers": dict(
@@ -250,6 +293,9 @@ CHEATS = (
     "forged",
     "deleted_helpers",
     "moved_helpers",
+    "hardlink",
+    "ramdisk",
+    "recorder",
 )
 #: Cheats whose arith notebook must not be graded at all (a limit cut it short).
 NOT_GRADED = {"rlimit"}
@@ -309,12 +355,16 @@ def _rearranged(notebooks: dict[str, nbformat.NotebookNode]) -> None:
 
 
 def _tree_digest(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` (links as links) with its content hash."""
+    """Every file under ``folder`` (links as links) with its content hash; a file with other
+    names (the ``hardlink`` cheat's link to the gradebook, which grading writes) by its name
+    only."""
     digest = {}
     for path in sorted(folder.rglob("*")):
         key = str(path.relative_to(folder))
         if path.is_symlink():
             digest[key] = "link:" + os.readlink(path)
+        elif path.is_file() and path.stat().st_nlink > 1:
+            digest[key] = "hard link"
         elif path.is_file():
             digest[key] = hashlib.sha256(path.read_bytes()).hexdigest()
     return digest
@@ -355,6 +405,8 @@ def graded(tmp_path_factory):
             (folder / relative).write_text(text)
         for relative, target in attack.get("links", {}).items():
             (folder / relative).symlink_to(target)
+        for relative, target in attack.get("hardlinks", {}).items():
+            os.link(target, folder / relative)
     submit(course, "good", _edit(GOOD))
     submit(course, "good_alt", _edit(GOOD_ALT))
     submit(course, "victim", _edit(GOOD))
@@ -461,6 +513,46 @@ def test_links_in_a_submission_are_left_out_and_reported(graded):
     reasons = " ".join(r for nb in symlink.notebooks for r in nb.files)
     assert "leak.ipynb (a symbolic link) was left out" in reasons
     assert "files to look at" in symlink.status
+
+
+def test_hard_links_are_left_out_and_read_nothing(graded):
+    root, _, _, (result, _, _), _ = graded
+    outcome = next(o for o in result.outcomes if o.student == "hardlink")
+    reasons = " ".join(r for nb in outcome.notebooks for r in nb.files)
+    assert "mine.ipynb" in reasons and "book.db" in reasons, reasons
+    assert "files to look at" in outcome.status
+    nb = nbformat.read(root / "autograded" / "hardlink" / "tiny" / "arith.ipynb", 4)
+    printed = "".join(o.get("text", "") for o in cell_of(nb, "scale").outputs)
+    assert HIDDEN not in printed and "SQLite" not in printed, printed[:500]
+    for folder in ("autograded", "feedback"):
+        assert not list((root / folder / "hardlink").rglob("mine.ipynb")), folder
+        assert not list((root / folder / "hardlink").rglob("book.db")), folder
+
+
+def test_ram_backed_folders_are_bounded_and_no_user_namespace_can_be_made(graded):
+    root = graded[0]
+    nb = nbformat.read(root / "autograded" / "ramdisk" / "tiny" / "arith.ipynb", 4)
+    printed = "".join(o.get("text", "") for o in cell_of(nb, "scale").outputs)
+    full = dict(
+        (line.split()[1], int(line.split()[4]))
+        for line in printed.splitlines()
+        if line.startswith("RAMDISK")
+    )
+    # Each bounded at a quarter of the 1536 MB limit, far below the 4 GiB it tried.
+    assert full.keys() == {"/dev/shm", "/tmp"} and max(full.values()) <= 1536 // 4, printed
+    (userns,) = [line for line in printed.splitlines() if line.startswith("USERNS")]
+    assert userns.split()[1] != "0", userns  # unshare failed: no nested user namespace
+
+
+def test_the_kernel_runs_no_test_code(graded):
+    """Everything that ran in the recorder's kernel while the tests ran: the student's code,
+    the course's kernel-side library and Python's own, never a line of a test cell."""
+    root = graded[0]
+    nb = nbformat.read(root / "autograded" / "recorder" / "tiny" / "arith.ipynb", 4)
+    printed = "".join(str(o.get("text", "")) for cell in nb.cells for o in cell.get("outputs", []))
+    assert "RECORDED" in printed
+    for secret in (HIDDEN, "expect_close(scale(", "scale on a hidden case"):
+        assert secret not in printed, secret
 
 
 def test_the_regrade_is_identical(graded):

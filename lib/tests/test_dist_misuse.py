@@ -30,8 +30,10 @@ LOCK = threading.Lock()  # module level: each gloo rank, a process, has its own
 
 def processes() -> set[int]:
     """The pids of this process's descendants."""
-    psutil = pytest.importorskip("psutil")
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()}
+    pytest.importorskip("psutil")
+    from process_tree import descendants
+
+    return {p.pid for p in descendants()}
 
 
 def pool_processes() -> set[int]:

@@ -31,7 +31,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def children() -> list:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    from process_tree import descendants
+
+    return descendants()
 
 
 # -- every collective, against numpy and the simulated world ----------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from lab_page import LabPage
 from lab_server import LabServer
-from playwright.sync_api import BrowserContext, sync_playwright
+from playwright.sync_api import BrowserContext, Playwright
 
 REPO = Path(__file__).resolve().parents[2]
 # The course that is copied and served; another checkout can be named for trying the harness.
@@ -83,17 +83,16 @@ def lab_server(
 
 
 @pytest.fixture(scope="session")
-def chromium(chromium_path: Path) -> Iterator[BrowserContext]:
+def chromium(chromium_path: Path, playwright: Playwright) -> Iterator[BrowserContext]:
     """One headless Chromium context for the session: pages share its HTTP cache, so only the
     first test downloads JupyterLab's scripts; each test still opens its own page."""
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(chromium_path), args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            yield browser.new_context(viewport=VIEWPORT)
-        finally:
-            browser.close()
+    browser = playwright.chromium.launch(
+        executable_path=str(chromium_path), args=CHROMIUM_ARGS, headless=True
+    )
+    try:
+        yield browser.new_context(viewport=VIEWPORT)
+    finally:
+        browser.close()
 
 
 @pytest.fixture

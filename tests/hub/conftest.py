@@ -134,10 +134,9 @@ def artifacts() -> Path:
 
 
 @pytest.fixture(scope="session")
-def browser():  # noqa: ANN201 - a Playwright browser
+def browser(playwright):  # noqa: ANN001, ANN201 - Playwright's API and a browser
     if not CHROMIUM.exists():
         require([f"{CHROMIUM} (apt-get install chromium)"])
-    from playwright.sync_api import sync_playwright
 
     args = [
         "--no-sandbox",
@@ -148,9 +147,8 @@ def browser():  # noqa: ANN201 - a Playwright browser
         "--no-first-run",
         "--disable-quic",
     ]
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=args)
+    try:
+        yield chromium
+    finally:
+        chromium.close()
