@@ -24,6 +24,7 @@ SHARED_FOLDERS = ("tests/browser/", "tests/hub/")
 #: The longest groups, handed out first so that no process is left with one at the end.
 LONGEST = (
     "tests/test_assignment_grading.py",
+    "tests/test_exercise_fixtures.py",
     "tests/browser/",
     "tests/hub/",
     "tests/test_grading_adversarial.py",
