@@ -28,8 +28,17 @@ BACKENDS = [
 LOCK = threading.Lock()  # module level: each gloo rank, a process, has its own
 
 
+@pytest.fixture(autouse=True)
+def _other_fixtures_processes_left_out():
+    """This test process may hold other tests' long-lived fixtures (a browser, a server)."""
+    pytest.importorskip("psutil")
+    from process_tree import note_other_children
+
+    note_other_children()
+
+
 def processes() -> set[int]:
-    """The pids of this process's descendants."""
+    """The pids of this process's descendants (other fixtures' left out)."""
     pytest.importorskip("psutil")
     from process_tree import descendants
 

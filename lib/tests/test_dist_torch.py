@@ -30,7 +30,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _other_fixtures_processes_left_out():
+    """This test process may hold other tests' long-lived fixtures (a browser, a server)."""
+    from process_tree import note_other_children
+
+    note_other_children()
+
+
 def children() -> list:
+    """This process's descendants (other fixtures' left out)."""
     from process_tree import descendants
 
     return descendants()
