@@ -43,7 +43,7 @@ def test_a_sum_over_ranks_is_named(ranks):
     expected = RNG.standard_normal(5)
     message = failure(fb.expect_close, ranks * expected, expected, "x.grad", ranks=ranks)
     assert f"received P = {ranks} times the expected value" in message
-    assert "split it" in message
+    assert "summed over the ranks that should have been averaged or counted once" in message
 
 
 def test_an_extra_division_by_the_world_size_is_named():
@@ -118,7 +118,7 @@ def test_the_whole_tensor_instead_of_a_slice_is_named():
     expected = RNG.standard_normal((2, 3))
     whole = np.concatenate([expected, expected, expected], axis=1)
     message = failure(fb.expect_close, whole, expected, "x.grad", ranks=3)
-    assert "whole gathered tensor instead of this rank's slice" in message
+    assert "the whole tensor where only this rank's slice was expected" in message
     assert "along axis 1" in message
     message = failure(fb.expect_close, expected, whole, "y", ranks=3)
     assert "one rank's slice where the whole" in message
@@ -141,14 +141,58 @@ def test_a_mistake_named_by_the_test_is_recognised():
 def test_none_zeros_and_nan_are_named():
     expected = np.ones(3)
     assert "without `return`" in failure(fb.expect_close, None, expected, "f(x)")
-    assert "no gradient flowed" in failure(fb.expect_close, np.zeros(3), expected, "x.grad")
+    assert "no gradient reached it" in failure(fb.expect_close, np.zeros(3), expected, "x.grad")
+    message = failure(fb.expect_close, np.zeros(3), expected, "x̄ on rank 0")
+    assert "no gradient reached it" in message
+    # Zeros of a value that is not a gradient: the relation only, no cause it cannot know.
+    message = failure(fb.expect_close, np.zeros(3), expected, "bytes of the forward pass")
+    assert "received all zeros where the expected value is not" in message
+    assert "gradient" not in message
     assert "NaN or infinity" in failure(fb.expect_close, [1.0, np.nan, 1.0], expected, "g")
 
 
 def test_a_value_that_is_not_numeric_fails_as_an_assertion():
     message = failure(fb.expect_close, {"grad": 1.0}, np.ones(2), "f(x)")
-    assert "received {'grad': 1.0} of type dict, which is not a number" in message
+    assert "received a dict {'grad': 1.0}, which is not a number" in message
     assert "not a number" in failure(fb.expect_close, [np.ones(2), np.ones(3)], np.ones(2), "g")
+    # Text is not a number, though numpy would parse it.
+    assert "received a str '0.5'" in failure(fb.expect_number, "0.5", "s_p")
+    assert "not a number" in failure(fb.expect_close, ["1", "2"], np.ones(2), "g")
+    assert "received a str" in failure(fb.expect_array, "1.0", (), "g")
+
+
+def test_values_the_grader_cannot_carry_fail_alike_with_what_they_were():
+    """An int too large for a float or for the wire, an array beyond the wire's limit: the same
+    message whether the value comes straight from the notebook (Validate) or over the wire."""
+    from chainrule.judging.wire import as_sent
+
+    huge = 10**5000
+    for received in (huge, as_sent(huge)):
+        message = failure(fb.expect_number, received, "s_p")
+        assert "int of about 5000 digits" in message or "int of 5001 digits" in message
+    message = failure(fb.expect_close, 10**400, 1.0, "s_p")
+    assert "not a number or an array of numbers" in message
+    big = np.zeros(9 * 1024 * 1024)
+    message = failure(fb.expect_array, as_sent(big), (3,), "g")
+    assert "more than the grader accepts" in message
+
+
+def test_extended_precision_arrays_cross_as_float64():
+    from chainrule.judging.wire import as_sent
+
+    value = np.array([0.25, 0.5], dtype=np.longdouble)
+    received = as_sent(value)
+    assert received.dtype == np.float64 and received.tolist() == [0.25, 0.5]
+    fb.expect_close(value, [0.25, 0.5], "w")
+    fb.expect_close(received, [0.25, 0.5], "w")
+
+
+def test_values_that_print_alike_are_told_apart_by_their_difference():
+    expected = np.array([0.1, 0.2])
+    received = (expected * (1 + 3e-7)).astype(np.float32)
+    message = failure(fb.expect_close, received, expected, "w.grad")
+    assert "they differ by up to" in message and "is allowed" in message
+    assert "float32, about 7 significant digits" in message
 
 
 def test_diagnose_returns_nothing_for_an_unrelated_value():

@@ -248,6 +248,24 @@ def test_in_a_plain_notebook_a_marked_helper_is_the_function_itself():
         checks.in_student_kernel(failing)()
 
 
+def test_in_a_plain_notebook_a_marked_helper_hands_over_what_the_grader_would_receive():
+    """Validate runs the helper in the notebook; grading in the kernel, whose answer crosses the
+    wire. The checks see the same value either way: arguments are copies, and the result is
+    the value as sent (a set is an object the grader cannot judge, a tuple stays a tuple)."""
+    from chainrule.judging.wire import Opaque
+
+    def scaled_in_place(values):
+        values *= 2  # the student's code changes what it was given
+        return values, {1, 2}, (3, np.float32(0.5))
+
+    given = np.arange(3.0)
+    doubled, a_set, pair = checks.in_student_kernel(scaled_in_place)(given)
+    assert given.tolist() == [0.0, 1.0, 2.0]  # the test's own array is untouched
+    assert doubled.tolist() == [0.0, 2.0, 4.0]
+    assert isinstance(a_set, Opaque) and a_set.type_name == "set"
+    assert pair == (3, 0.5) and type(pair[1]) is float
+
+
 def test_remote_names_refuse_private_attributes_and_reduce_to_a_lookup(kernel):
     judge = Judge(kernel.transport)
     remote = RemoteName(judge, "double", "function")

@@ -5,23 +5,26 @@ where the received value stands in a recognisable relation to the expected one, 
 that most likely produced it. With ``e`` the expected value, ``r`` the received one, ``P`` the
 number of ranks and ``T_p`` the real-token count of rank p:
 
-- ``r = P·e``: a sum over ranks where a mean was needed, or a sum where each rank's value was
-  already the whole (a replicated downstream: split, don't reduce);
-- ``r = e/P``: a mean where the chain rule sums (the backward of a replication is a sum);
+- ``r = P·e``: something summed over the ranks that should have been averaged, or counted once;
+- ``r = e/P``: something averaged over the ranks (or divided by P) that should have been summed;
 - ``r = -e``: a wrong sign;
 - ``r = c·e`` for another constant c: a wrong normalisation;
 - ``r = (1/P) Σ_p m_p`` while ``e = Σ_p T_p m_p / Σ_p T_p``: local means averaged instead of
   weighted by their token counts;
 - ``r = Σ_p T_p m_p`` or ``r = (ΣT)·e``: the division by the global token count was forgotten;
 - ``r.shape`` reversed from ``e.shape``: a transposed result;
-- ``r`` P times longer (or shorter) than ``e`` along one axis: the whole gathered tensor where
-  this rank's slice was expected (or the reverse);
-- all zeros, ``None``, NaN: a gradient that did not flow, a missing ``return``, a division by 0;
+- ``r`` P times longer (or shorter) than ``e`` along one axis: the whole tensor where this
+  rank's slice was expected (or the reverse);
+- all zeros, ``None``, NaN: nothing reached the value (for a gradient: none flowed), a missing
+  ``return``, a division by 0;
 - any further mistake a test cell names: ``mistakes={"what the mistake is": value it gives}``.
 
 Every check judges a value as the grader receives it from the student's kernel
 (:func:`chainrule.judging.wire.as_sent`: arrays, numbers, strings, lists...; any other object
-only by its type), so that Validate and grading give the same verdict.
+only by its type), so that Validate and grading give the same verdict; a helper marked
+:func:`in_student_kernel` hands its result over the same way in a notebook as in grading. A
+value the grader cannot judge (a string, an object, an int too large for a float) fails with
+what it was and what was expected instead.
 
 The ``expect_own_*`` checks make sure that the code graded is the student's own, written in the
 notebook, and not a library function under a new name.
@@ -30,6 +33,7 @@ notebook, and not a library function under a new name.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import inspect
 import linecache
@@ -40,7 +44,28 @@ from typing import Any
 import numpy as np
 
 from chainrule.judging.source_scan import Finding, definitions, library_uses
-from chainrule.judging.wire import as_sent
+from chainrule.judging.wire import Opaque, as_sent
+
+__all__ = [
+    "ErrorInYourCode",
+    "as_array",
+    "as_sent",
+    "describe_student_error",
+    "diagnose",
+    "expect_array",
+    "expect_choice",
+    "expect_close",
+    "expect_equal",
+    "expect_number",
+    "expect_own_autograd_function",
+    "expect_own_class",
+    "expect_own_function",
+    "expect_own_vjp",
+    "graph_vjp_modules",
+    "in_student_kernel",
+    "library_references",
+    "show",
+]
 
 NOTEBOOK_MODULE = "__main__"
 """The ``__module__`` of a function or class defined in a notebook cell."""
@@ -52,7 +77,22 @@ _DIAGNOSIS_RTOL = 1e-6
 
 
 def as_array(value: Any) -> np.ndarray:
-    """``value`` as a float numpy array: engine tensors, torch tensors, numbers and sequences."""
+    """``value`` as a float numpy array: engine tensors, torch tensors, numbers and sequences.
+
+    Raises :class:`TypeError` for what is not numeric (a string included: "0.5" is text, not
+    a number) and :class:`ValueError` for a number too large for a float.
+    """
+    if isinstance(value, str | bytes | Opaque):
+        raise TypeError(f"{type(value).__name__} is not a number")
+    if isinstance(value, list | tuple) and any(isinstance(v, str | bytes | Opaque) for v in value):
+        raise TypeError("a sequence holding text or objects is not an array of numbers")
+    try:
+        return _as_float_array(value)
+    except OverflowError:
+        raise ValueError("a number too large for a float") from None
+
+
+def _as_float_array(value: Any) -> np.ndarray:
     data = getattr(value, "data", None)
     if isinstance(data, np.ndarray):  # a chainrule.Tensor
         return np.asarray(data, dtype=float)
@@ -60,7 +100,24 @@ def as_array(value: Any) -> np.ndarray:
         return value.detach().cpu().double().numpy()
     if isinstance(value, list | tuple) and any(_is_array_like(v) for v in value):
         return np.stack([as_array(v) for v in value])
+    if np.asarray(value).dtype.kind in "USV":  # text (or raw bytes), not numbers
+        raise TypeError("text is not a number")
     return np.asarray(value, dtype=float)
+
+
+def describe(value: Any) -> str:
+    """What a received value is, for a message: ``a str '0.5'``, ``a set {1, 2}``, ``an int of
+    5000 digits, more than the grader accepts``."""
+    if isinstance(value, Opaque):
+        return f"{_article(value.type_name)} {value.type_name} ({value.text})"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"an int of about {int(value.bit_length() * 0.30103)} digits"
+    name = type(value).__name__
+    return f"{_article(name)} {name} {value!r}"[:300]
+
+
+def _article(name: str) -> str:
+    return "an" if name[:1].lower() in "aeiou" else "a"
 
 
 def _is_array_like(value: Any) -> bool:
@@ -93,12 +150,18 @@ def diagnose(
     tokens: Sequence[float] | None = None,
     local_means: Sequence[Any] | None = None,
     mistakes: Mapping[str, Any] | None = None,
+    gradient: bool = False,
 ) -> list[str]:
     """The likely mistakes that turn ``expected`` into ``received`` (empty if none is known).
 
     ``ranks`` is the number of ranks P, ``tokens`` the per-rank token (or example) counts T_p,
-    ``local_means`` the per-rank local means m_p that the expected value was reduced from, and
-    ``mistakes`` maps the description of a mistake to the value that mistake produces.
+    ``local_means`` the per-rank local means m_p that the expected value was reduced from,
+    ``mistakes`` maps the description of a mistake to the value that mistake produces, and
+    ``gradient`` says that the value is a gradient (so that zeros may be said not to flow).
+
+    The mistakes a test names come first; the general diagnoses say what relation the received
+    value stands in to the expected one (P times, 1/P, the sign, a constant factor) and which
+    kind of step makes it, without naming a fix: the same relation has several causes.
     """
     if received is None:
         return ["received None: did the function end without `return`?"]
@@ -111,7 +174,7 @@ def diagnose(
     found += _token_diagnoses(r, e, tokens, local_means)
     if found:
         return found
-    return _ratio_diagnoses(r, e, ranks, tokens)
+    return _ratio_diagnoses(r, e, ranks, tokens, gradient)
 
 
 def _shape_diagnoses(r: tuple[int, ...], e: tuple[int, ...], ranks: int | None) -> list[str]:
@@ -124,13 +187,12 @@ def _shape_diagnoses(r: tuple[int, ...], e: tuple[int, ...], ranks: int | None) 
             if r[axis] == ranks * e[axis]:
                 return [
                     f"received shape {r} is P = {ranks} times expected shape {e} along axis "
-                    f"{axis}: the whole gathered tensor instead of this rank's slice (the "
-                    "backward of a concatenation is a split: keep your own chunk)"
+                    f"{axis}: the whole tensor where only this rank's slice was expected"
                 ]
             if ranks * r[axis] == e[axis]:
                 return [
                     f"received shape {r} is 1/P of expected shape {e} along axis {axis}: one "
-                    "rank's slice where the whole (gathered) tensor was expected"
+                    "rank's slice where the whole tensor was expected"
                 ]
     if r == () and e != ():
         return [f"received a single number where shape {e} was expected: summed over everything?"]
@@ -176,28 +238,33 @@ def _token_diagnoses(
 
 
 def _ratio_diagnoses(
-    r: np.ndarray, e: np.ndarray, ranks: int | None, tokens: Sequence[float] | None
+    r: np.ndarray,
+    e: np.ndarray,
+    ranks: int | None,
+    tokens: Sequence[float] | None,
+    gradient: bool = False,
 ) -> list[str]:
     if _scale(e) == 0.0:
         return []
     if _scale(r) == 0.0:
-        return [
-            "received all zeros: no gradient flowed (computed under no_grad(), a detached "
-            "tensor, or a VJP that returns zeros?)"
-        ]
+        if gradient:
+            return [
+                "received all zeros: no gradient reached it (computed under no_grad(), a "
+                "detached tensor, or a backward that returns zeros?)"
+            ]
+        return ["received all zeros where the expected value is not"]
     if ranks and ranks > 1:
         if _matches(r, ranks * e):
             return [
-                f"received P = {ranks} times the expected value: a sum over the ranks where a "
-                "mean was needed, or an all-reduce / reduce-scatter of a gradient that every "
-                "rank already holds whole (a replicated downstream is counted once: split it, "
-                "don't sum it)"
+                f"received P = {ranks} times the expected value: a factor of P too many, so "
+                "something was summed over the ranks that should have been averaged or counted "
+                "once"
             ]
         if _matches(r, e / ranks):
             return [
-                f"received 1/P = 1/{ranks} of the expected value: divided by the number of "
-                "ranks once too often, or a mean where the chain rule sums (the backward of a "
-                "replication is a sum of the incoming gradients, not their mean)"
+                f"received 1/P = 1/{ranks} of the expected value: a factor of P too few, so "
+                "something was averaged over the ranks (or divided by P) that should have been "
+                "summed"
             ]
     if tokens is not None:
         total = float(np.sum(tokens))
@@ -248,30 +315,67 @@ def expect_close(
     mistakes: Mapping[str, Any] | None = None,
     rtol: float = 1e-7,
     atol: float = 1e-10,
+    gradient: bool | None = None,
 ) -> None:
     """Assert ``received ≈ expected`` (same shape, ``|r - e| ≤ atol + rtol·|e|`` elementwise).
 
-    On failure the AssertionError names ``what`` was checked, shows both values and adds the
-    likely mistakes found by :func:`diagnose` (same keyword arguments).
+    On failure the AssertionError names ``what`` was checked, shows both values (and, where
+    they print alike, the largest difference against the tolerance) and adds the likely
+    mistakes found by :func:`diagnose` (same keyword arguments; ``gradient`` defaults to
+    whether ``what`` names a gradient: ``.grad``, "gradient" or a barred symbol such as x̄).
     """
     received = as_sent(received)
     e = as_array(expected)
+    if gradient is None:
+        gradient = _names_a_gradient(what)
+    r = None
     if received is not None:
         try:
             r = as_array(received)
         except (TypeError, ValueError):
             raise AssertionError(
-                f"{what}: expected {show(e)}, received {received!r} of type "
-                f"{type(received).__name__}, which is not a number or an array of numbers"
+                f"{what}: expected {show(e)}, received {describe(received)}, which is not a "
+                "number or an array of numbers"
             ) from None
         if _close(r, e, rtol, atol):
             return
     hints = diagnose(
-        received, expected, ranks=ranks, tokens=tokens, local_means=local_means, mistakes=mistakes
+        received,
+        expected,
+        ranks=ranks,
+        tokens=tokens,
+        local_means=local_means,
+        mistakes=mistakes,
+        gradient=gradient,
     )
     message = f"{what}: expected {show(e)}, received "
-    message += "None" if received is None else show(as_array(received))
+    message += "None" if r is None else show(r)
+    if r is not None and r.shape == e.shape and show(r) == show(e):
+        message += _difference(r, e, rtol, atol, received)
     raise AssertionError(message + "".join(f"\nLikely mistake: {h}." for h in hints))
+
+
+def _names_a_gradient(what: str) -> bool:
+    return "grad" in what.lower() or "\u0304" in what
+
+
+def _difference(r: np.ndarray, e: np.ndarray, rtol: float, atol: float, received: Any) -> str:
+    """How far ``r`` is from ``e`` where the two print alike, and what precision explains it."""
+    gap = np.abs(r - e)
+    worst = int(np.argmax(gap - (atol + rtol * np.abs(e))))
+    text = (
+        f"; they differ by up to {float(gap.flat[worst]):.3g} where at most "
+        f"{atol:.3g} + {rtol:.3g}·|expected| = {atol + rtol * abs(float(e.flat[worst])):.3g} "
+        "is allowed"
+    )
+    dtype = getattr(received, "dtype", None)
+    if dtype is not None and np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize < 8:
+        digits = {2: 3, 4: 7}.get(np.dtype(dtype).itemsize, 7)
+        text += (
+            f" (your values are {np.dtype(dtype)}, about {digits} significant digits: compute in "
+            "the dtype of the inputs, or float64)"
+        )
+    return text
 
 
 def expect_array(received: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -281,8 +385,8 @@ def expect_array(received: Any, shape: tuple[int, ...], what: str) -> np.ndarray
         array = as_array(received)
     except (TypeError, ValueError):
         raise AssertionError(
-            f"{what}: expected an array of numbers of shape {shape}, received "
-            f"{type(received).__name__} {received!r}"[:400]
+            f"{what}: expected an array of numbers of shape {tuple(shape)}, received "
+            f"{describe(received)}"[:400]
         ) from None
     if array.shape != tuple(shape):
         raise AssertionError(
@@ -302,11 +406,9 @@ def expect_number(received: Any, what: str) -> float:
     except (TypeError, ValueError):
         array = None
     if array is None or array.shape != () or not np.isrealobj(array):
-        kind = type(received).__name__
         shape = "" if array is None else f" of shape {array.shape}"
-        raise AssertionError(
-            f"{what}: expected one number, received a {kind}{shape}: {received!r}."[:400]
-        )
+        message = f"{what}: expected one number, received {describe(received)}{shape}."
+        raise AssertionError(message[:400])
     return float(array)
 
 
@@ -357,7 +459,9 @@ def in_student_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     it is called, to run next to the student's code (on ranks, say); only its return value
     comes back, as numbers, strings, arrays, lists, tuples and dicts. Keep every comparison
     outside such a helper. In a notebook (Validate, or plain nbgrader) the helper runs right
-    there; an exception of the student's code then surfaces as :class:`ErrorInYourCode`,
+    there, on copies of its arguments, and its result is handed over as the grader would
+    receive it (:func:`chainrule.judging.wire.as_sent`), so that a check sees the same value
+    in both; an exception of the student's code then surfaces as :class:`ErrorInYourCode`,
     naming the rank and the lines of the student's cells, instead of the library's frames.
     """
     from chainrule.judging.judge import CURRENT
@@ -369,10 +473,12 @@ def in_student_kernel(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def reporting_errors(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves this frame out of the traceback
+        args, kwargs = copy.deepcopy((args, kwargs))  # the grader sends copies too
         try:
-            return function(*args, **kwargs)
+            result = function(*args, **kwargs)
         except Exception as error:
             raise ErrorInYourCode(describe_student_error(error)) from None
+        return as_sent(result)
 
     return reporting_errors
 

@@ -8,9 +8,13 @@ JSON objects, and the grader rebuilds the value with :func:`decode`. Decoding bu
   standard library, :class:`fractions.Fraction` and :class:`decimal.Decimal`;
 - ``list``, ``tuple`` and ``dict`` of those (dict keys: ``str``, ``int`` or ``float``);
 - numpy arrays of a numeric or boolean dtype (torch tensors and :class:`chainrule.Tensor`
-  arrive as numpy arrays: the grader compares values, not types);
+  arrive as numpy arrays: the grader compares values, not types; an extended-precision
+  ``longdouble`` array arrives as float64, its complex counterpart as complex128);
 - :class:`Opaque` for anything else: its type's name and a short ``repr``, so that a check
-  can say "your function returned a Foo".
+  can say "your function returned a Foo". A value the limits below would refuse (an int of
+  more than :data:`MAX_DIGITS` digits, an array of more than :data:`MAX_BYTES` bytes) is
+  encoded as an :class:`Opaque` that says so, so that a check reports it to the student as it
+  would any other value it cannot judge, in Validate as in grading.
 
 No pickle and no code cross in this direction, and :func:`decode` enforces limits on depth,
 length and total size, so a reply can neither run anything in the grader nor exhaust it.
@@ -39,6 +43,7 @@ MAX_DEPTH = 32
 MAX_ITEMS = 1_000_000
 MAX_BYTES = 64 * 1024 * 1024
 MAX_TEXT = 200_000
+MAX_DIGITS = 4000
 REPR_CHARS = 300
 
 
@@ -86,7 +91,7 @@ def encode(value: Any, depth: int = 0) -> dict[str, Any]:
     if isinstance(value, bool | np.bool_):
         return {"t": "bool", "v": bool(value)}
     if isinstance(value, int | np.integer):
-        return {"t": "int", "v": str(int(value))}
+        return _encode_int(int(value))
     if isinstance(value, float | np.floating):
         return _encode_float(float(value))
     if isinstance(value, fractions.Fraction):
@@ -115,6 +120,19 @@ def encode(value: Any, depth: int = 0) -> dict[str, Any]:
     return {"t": "opaque", "type": type(value).__name__, "repr": _short_repr(value)}
 
 
+def _encode_int(value: int) -> dict[str, Any]:
+    if value.bit_length() > MAX_DIGITS * 3.33:  # surely longer (and str() has its own limit)
+        return _too_large("int", f"an int of about {int(value.bit_length() * 0.30103)} digits")
+    text = str(value)
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        return _too_large("int", f"an int of {len(text.lstrip('-'))} digits")
+    return {"t": "int", "v": text}
+
+
+def _too_large(type_name: str, what: str) -> dict[str, Any]:
+    return {"t": "opaque", "type": type_name, "repr": f"{what}, more than the grader accepts"}
+
+
 def _short_repr(value: Any) -> str:
     try:
         text = repr(value)
@@ -126,6 +144,10 @@ def _short_repr(value: Any) -> str:
 def _encode_array(array: np.ndarray, type_name: str) -> dict[str, Any]:
     if array.dtype.kind not in "biufc":
         return {"t": "opaque", "type": type_name, "repr": f"array of dtype {array.dtype}"}
+    if array.dtype.kind in "fc" and array.dtype.itemsize > (8 if array.dtype.kind == "f" else 16):
+        array = array.astype(np.float64 if array.dtype.kind == "f" else np.complex128)
+    if array.nbytes > MAX_BYTES:
+        return _too_large(type_name, f"an array of {array.nbytes} bytes (shape {array.shape})")
     little = np.array(array, dtype=array.dtype.newbyteorder("<"), order="C", copy=True)
     return {
         "t": "ndarray",
@@ -163,7 +185,7 @@ def _text(node: dict[str, Any], key: str, budget: _Budget, limit: int = MAX_TEXT
 
 def _integer(node: dict[str, Any], key: str, budget: _Budget) -> int:
     text = _text(node, key, budget)
-    if len(text) > 4000 or not text.lstrip("-").isdigit():
+    if len(text) > MAX_DIGITS + 1 or not text.lstrip("-").isdigit():
         raise WireError("an int must be decimal digits")
     return int(text)
 
