@@ -169,7 +169,10 @@ def diagnose(
     if r.shape != e.shape:
         return _shape_diagnoses(r.shape, e.shape, ranks)
     if not np.all(np.isfinite(r)):
-        return ["received NaN or infinity: a division by zero (a count of 0?) or an overflow"]
+        return [
+            "received NaN or infinity: a division by zero (a count of 0?), an overflow, or a NaN "
+            "that came in with the inputs and was carried along"
+        ]
     found = _named_diagnoses(r, e, mistakes)
     found += _token_diagnoses(r, e, tokens, local_means)
     if found:
