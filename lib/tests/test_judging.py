@@ -63,6 +63,16 @@ def test_torch_and_engine_tensors_cross_as_arrays():
     assert np.array_equal(wire.decode(wire.encode(Tensor(np.arange(3.0)))), [0, 1, 2])
 
 
+def test_dict_keys_cross_as_numbers_or_the_dict_says_which_key_cannot():
+    """numpy's integers and floats as keys are the numbers they equal; a key the grader cannot
+    carry is not dropped silently (a dict missing entries would be judged as if it had none):
+    the dict arrives as an object that names the key."""
+    assert wire.as_sent({np.int64(2): ["W"], np.float64(0.5): 1}) == {2: ["W"], 0.5: 1}
+    for key in [(1, 2), True, frozenset()]:
+        received = wire.as_sent({key: 1, "a": 2})
+        assert isinstance(received, wire.Opaque) and "keys must be str, int or float" in received.text
+
+
 def test_other_objects_cross_as_their_type_name_only():
     class Anything:
         def __eq__(self, other):

@@ -6,7 +6,9 @@ JSON objects, and the grader rebuilds the value with :func:`decode`. Decoding bu
 
 - ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, and the exact numbers of the
   standard library, :class:`fractions.Fraction` and :class:`decimal.Decimal`;
-- ``list``, ``tuple`` and ``dict`` of those (dict keys: ``str``, ``int`` or ``float``);
+- ``list``, ``tuple`` and ``dict`` of those (dict keys: ``str``, ``int`` or ``float``, numpy's
+  numbers as the Python numbers they equal; a dict with another key arrives as an
+  :class:`Opaque` that names it);
 - numpy arrays of a numeric or boolean dtype (torch tensors and :class:`chainrule.Tensor`
   arrive as numpy arrays: the grader compares values, not types; an extended-precision
   ``longdouble`` array arrives as float64, its complex counterpart as complex128);
@@ -111,13 +113,22 @@ def encode(value: Any, depth: int = 0) -> dict[str, Any]:
         kind = "list" if isinstance(value, list) else "tuple"
         return {"t": kind, "v": [encode(item, depth + 1) for item in value[:MAX_ITEMS]]}
     if isinstance(value, dict):
-        items = [
-            [encode(k, depth + 1), encode(v, depth + 1)]
-            for k, v in list(value.items())[:MAX_ITEMS]
-            if isinstance(k, str | int | float)
-        ]
-        return {"t": "dict", "v": items}
+        return _encode_dict(value, depth)
     return {"t": "opaque", "type": type(value).__name__, "repr": _short_repr(value)}
+
+
+def _encode_dict(value: dict[Any, Any], depth: int) -> dict[str, Any]:
+    """A dict whose keys are strings or numbers (numpy's included, as the Python numbers they
+    equal); a dict with any other key is an object the grader cannot judge, said so."""
+    items = []
+    for key, item in list(value.items())[:MAX_ITEMS]:
+        if isinstance(key, np.integer | np.floating) and not isinstance(key, np.bool_):
+            key = key.item()
+        if not isinstance(key, str | int | float) or isinstance(key, bool):
+            text = f"a dict with the key {_short_repr(key)[:60]} of type {type(key).__name__}"
+            return {"t": "opaque", "type": "dict", "repr": text + ": keys must be str, int or float"}
+        items.append([encode(key, depth + 1), encode(item, depth + 1)])
+    return {"t": "dict", "v": items}
 
 
 def _encode_int(value: int) -> dict[str, Any]:
