@@ -126,7 +126,11 @@ def _encode_dict(value: dict[Any, Any], depth: int) -> dict[str, Any]:
             key = key.item()
         if not isinstance(key, str | int | float) or isinstance(key, bool):
             text = f"a dict with the key {_short_repr(key)[:60]} of type {type(key).__name__}"
-            return {"t": "opaque", "type": "dict", "repr": text + ": keys must be str, int or float"}
+            return {
+                "t": "opaque",
+                "type": "dict",
+                "repr": f"{text}: keys must be str, int or float",
+            }
         items.append([encode(key, depth + 1), encode(item, depth + 1)])
     return {"t": "dict", "v": items}
 
