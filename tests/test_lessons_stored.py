@@ -42,6 +42,8 @@ ANSWERS = {
     "ex4: the all-gather row's code or derivation": r"gather_from_ranks|gather_replicated|"
     r"all_gather_replicated|S_q\\Big\(\\sum_p \\bar y_p",
     "ex5: torch autograd Functions of f and f̄": r"autograd\.Function|duality_torch",
+    "ex5: the pair right to the second order (each backward the other Function)": r"Copy\.apply"
+    r"\(grad|Reduce\.apply\(grad|create_graph",
     "sharded ex1: the placement of B and the bytes of its passes": r"B_PLACEMENT|bytes_per_rank|"
     r"vocabulary[- ]parallel",
     "sharded ex2: the sum over ranks of the shared key and value": r"multi-query|shared key|"
@@ -51,8 +53,8 @@ ANSWERS = {
     "training ex1: the bucketed, hooked all-reduce of gradients": r"BucketedDataParallel|"
     r"register_post_accumulate_grad_hook|finish_gradient_synchronization",
     "training ex2: Adam's moments sharded by hand (ZeRO-1)": r"ZeroAdam|exp_avg_sq|torch\.optim",
-    "training ex3: the all-to-all with uneven split sizes and its transpose": r"output_split_sizes|"
-    r"input_split_sizes",
+    "training ex3: the all-to-all with uneven split sizes and its transpose, a token's rows added "
+    "up": r"output_split_sizes|input_split_sizes|index_add|scatter_add",
 }
 
 
