@@ -50,7 +50,7 @@ lab: install
 
 # The suite runs on TEST_PROCESSES processes (pytest-xdist); tests that share fixtures run in one
 # (tests/conftest.py groups them). TEST_PROCESSES=0 runs it in this one.
-TEST_PROCESSES ?= 2
+TEST_PROCESSES ?= 3
 
 test: install
 	$(PY) -m pytest $(if $(filter 0,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES))

@@ -1,5 +1,5 @@
 """Tests that grade with the batch grader need its sandbox (bubblewrap); ``make test`` runs the
-suite on two processes (pytest-xdist).
+suite on ``TEST_PROCESSES`` processes (pytest-xdist, 3 unless the Makefile is told otherwise).
 
 Tests marked ``sandbox`` are skipped where bubblewrap cannot run (with the reason), except in CI
 (``CI`` set), where ``.ci/run`` installs it and its absence is a failure.
