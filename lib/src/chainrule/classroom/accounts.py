@@ -10,6 +10,7 @@ accounts need passwords.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import pwd
@@ -48,10 +49,21 @@ def ensure_account(
     for group in groups:
         ensure_group(group)
     try:
-        pwd.getpwnam(login)
-        _run(["usermod", "-c", full_name, "-d", str(home), "-s", shell, login])
+        entry = pwd.getpwnam(login)
+        # Only what differs is changed: usermod refuses some changes (a new home) while the
+        # account runs a process, and an unchanged account needs none.
+        changes = []
+        if entry.pw_gecos != full_name:
+            changes += ["-c", full_name]
+        if entry.pw_dir != str(home):
+            changes += ["-d", str(home)]
+        if entry.pw_shell != shell:
+            changes += ["-s", shell]
+        if changes:
+            _run(["usermod", *changes, login])
         for group in groups:
-            _run(["usermod", "-a", "-G", group, login])
+            if login not in grp.getgrnam(group).gr_mem:
+                _run(["usermod", "-a", "-G", group, login])
     except KeyError:
         args = ["useradd", "-M", "-c", full_name, "-d", str(home), "-s", shell, "-U", login]
         if groups:
@@ -63,6 +75,33 @@ def ensure_account(
     home.chmod(home_mode)
     if password is not None:
         _run(["chpasswd"], stdin=f"{login}:{password}\n")
+
+
+def stop_processes(login: str, command: str | None = None, grace: float = 5.0) -> int:
+    """Stop the processes of ``login`` (only those whose command line contains ``command``, if
+    given): SIGTERM, then SIGKILL for those still running after ``grace`` seconds. Returns
+    how many there were."""
+    import psutil
+
+    uid = pwd.getpwnam(login).pw_uid
+    mine = []
+    for process in psutil.process_iter(["uids", "cmdline"]):
+        uids, cmdline = process.info["uids"], process.info["cmdline"] or []
+        if (
+            uids is not None
+            and uids.real == uid
+            and (command is None or command in " ".join(cmdline))
+        ):
+            mine.append(process)
+    for process in mine:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, running = psutil.wait_procs(mine, timeout=grace)
+    for process in running:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(running, timeout=grace)
+    return len(mine)
 
 
 def remove_account(login: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -45,6 +46,8 @@ from chainrule.classroom.settings import SETTINGS_ENV, ClassSettings, Roster
 REPO = Path(__file__).resolve().parents[4]
 HUB_CONFIG = REPO / "hub" / "jupyterhub_config.py"
 PROXY = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
+#: The command of the servers JupyterHub spawns for each account.
+SINGLE_USER = "jupyterhub-singleuser"
 ASSIGNMENTS = ("check_yourself", "sharded", "training")
 
 #: JupyterLab settings of every account: no news or update pop-ups over the notebook.
@@ -205,6 +208,24 @@ def generate_assignments(settings: ClassSettings, assignments: Sequence[str]) ->
             raise RuntimeError(f"generate_assignment {assignment} failed:\n{result.stderr}")
 
 
+def stop_leftovers(settings: ClassSettings, roster: Roster) -> list[str]:
+    """Stop what an earlier run of a class left running under the course's accounts (a hub
+    that crashed leaves its single-user servers and the formgrader behind; they hold the
+    accounts, and their ports, and would serve last run's files): every process of the
+    grader account, and the single-user servers of the roster's people (nothing else of
+    theirs: an instructor's account may be their own login). Returns the accounts stopped."""
+    stopped = []
+    people = [*roster.instructors, *roster.students]
+    for login, command in [(settings.grader_account, None), *[(p, SINGLE_USER) for p in people]]:
+        try:
+            pwd.getpwnam(login)
+        except KeyError:
+            continue
+        if accounts.stop_processes(login, command):
+            stopped.append(login)
+    return stopped
+
+
 def setup_class(
     root: Path,
     roster: Roster,
@@ -231,6 +252,7 @@ def setup_class(
     for folder in (settings.hub_dir, settings.logs):
         folder.mkdir(exist_ok=True)
         folder.chmod(0o700)
+    stop_leftovers(settings, roster)
     accounts.ensure_group(settings.formgrade_group)
     accounts.ensure_group(settings.students_group)
     accounts.ensure_account(
