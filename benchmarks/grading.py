@@ -11,7 +11,8 @@ students' grades differ.
   fresh ``python -m chainrule.grading batch <assignment> --no-feedback``; the row's time is the
   student's wall time in the batch and its parts (from the batch's ``summary.json``) are the
   sandbox's start (of which its zygote's imports), and per notebook the kernel's start, the
-  student's cells, the judge's own work, the kernel's answers to the judge's requests and
+  student's cells, the judge's own work, the kernel's answers to the judge's requests, the gloo
+  worlds those requests started (each world's processes and process group) and
   nbgrader's steps (reading, restoring, saving to the gradebook, writing the notebook). The
   baseline is the **floor**: one fresh interpreter that runs every code cell of the instructor's
   notebooks once, in order (solutions, helpers and tests, hidden ones included), which is the
@@ -228,7 +229,14 @@ for path in sorted(Path(sys.argv[1]).glob("*.ipynb")):
 """
 
 #: The parts of one notebook's grading the batch records, in the order the report lists them.
-NOTEBOOK_PARTS = ("kernel start", "student cells", "judge", "kernel requests", "nbgrader")
+NOTEBOOK_PARTS = (
+    "kernel start",
+    "student cells",
+    "judge",
+    "kernel requests",
+    "gloo world starts",
+    "nbgrader",
+)
 
 
 def floor_seconds(course: Path, assignment: str) -> float:

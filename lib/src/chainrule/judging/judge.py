@@ -199,6 +199,8 @@ class Judge:
         self.student_cells = list(student_cells)
         self.namespace = JudgeNamespace(self)
         self.failures: list[str] = []
+        self.world_start_seconds = 0.0
+        """Seconds the kernel said its requests spent starting gloo worlds."""
         self.cell_labels: dict[int, str] = {}
         self._names: dict[str, Any] = {}
         self._test_files: frozenset[str] = frozenset()
@@ -219,6 +221,8 @@ class Judge:
             if output.get("output_type") == "error" and output.get("ename") == "CellTimeoutError":
                 raise StudentTimeout("your code ran past the time limit")
         reply = _find_reply(outputs, nonce)
+        if reply is not None:
+            self._note_world_starts(reply.get("world_start_seconds"))
         if reply is None:
             detail = _error_text(outputs)
             raise self._failed(
@@ -234,6 +238,13 @@ class Judge:
         if reply.get("ok") is False and isinstance(raised, dict):
             raise self._student_error(raised)
         raise self._failed("the kernel answered the grader's request with something else")
+
+    def _note_world_starts(self, seconds: Any) -> None:
+        """Add what the kernel says it spent starting gloo worlds (a timing, not a grade:
+        anything but a plausible number is ignored)."""
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+            if 0 <= seconds < 3600:
+                self.world_start_seconds += float(seconds)
 
     def _failed(self, reason: str) -> GraderCallFailed:
         self.failures.append(reason)
