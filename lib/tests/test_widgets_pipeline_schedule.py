@@ -22,3 +22,14 @@ def test_the_largest_setting_stays_readable_and_shows_the_bubble():
     assert smallest_text_px(figure, figure_png(figure)) >= 9
     html = ps.render_table(result)
     assert "0.3043" in html and "16, 16" in html  # 7/23
+
+
+@pytest.mark.parametrize(("P", "m"), [(8, 16), (2, 4)])
+def test_every_action_is_labelled_with_its_micro_batch(P, m):
+    """Narrow slots (m ≥ 10 at P = 8) keep the micro-batch's number; the colour says F or B."""
+    figure = ps.plot_schedule(ps.schedule_result(P, m, "1f1b"))
+    labels = [t.get_text() for t in figure.axes[0].texts if t.get_text().lstrip("FB").isdigit()]
+    expected = [str(i) for i in range(m)] * 2 * P
+    if m < 10:
+        expected = [f"{k}{i}" for k in "FB" for i in range(m)] * P
+    assert sorted(labels) == sorted(expected)

@@ -95,15 +95,16 @@ def plot_schedule(result: ScheduleResult) -> Figure:
                     lw=0.6,
                 )
             )
-            if cell >= 2 * font or result.micro_batches < 10:
-                ax.text(
-                    x + cell / 2,
-                    y + row_height / 2,
-                    f"{action.kind}{action.micro}",
-                    ha="center",
-                    va="center",
-                    fontsize=font * (0.8 if cell < 2 * font else 1),
-                )
+            # "F12" where it fits, the micro-batch alone (the colour says F or B) where not
+            wide = cell >= 2 * font or result.micro_batches < 10
+            ax.text(
+                x + cell / 2,
+                y + row_height / 2,
+                f"{action.kind}{action.micro}" if wide else str(action.micro),
+                ha="center",
+                va="center",
+                fontsize=max(MIN_FONT, font * (0.8 if cell < 2 * font else 1)),
+            )
         for t in range(slots):
             if t not in busy:
                 ax.add_patch(Rectangle((label_width + t * cell, y + 2), cell, row_height - 4,
@@ -111,7 +112,7 @@ def plot_schedule(result: ScheduleResult) -> Figure:
                                        hatch="///", lw=0.4))  # fmt: skip
     ax.text(label_width, height - 0.6 * row_height,
             f"{result.name}: bubble {result.bubble:.3f} = (P−1)/(m+P−1) = {result.formula:.3f}   "
-            "blue: forward, orange: backward, grey: idle",
+            "blue: forward, orange: backward (labelled by micro-batch), grey: idle",
             va="center", fontsize=max(MIN_FONT, 10.0))  # fmt: skip
     return figure
 
