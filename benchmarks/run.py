@@ -183,6 +183,28 @@ FAMILIES: tuple[Family, ...] = (
         "both end with the same parameters.",
     ),
     Family(
+        "pipeline",
+        "Pipeline parallelism: the pipelined step against one process, and the bubble",
+        "benchmarks.pipeline:measure",
+        1,  # one process of repeated, alternating samples: the family stays under a minute
+        "A tanh MLP of square layers cut into P stages (`chainrule.pipeline`), one step = the "
+        "forward and backward of m micro-batches in the 1F1B order, one stage per rank, against "
+        "the same step on one process: lesson 6's loop, one backward per micro-batch into the "
+        "same `.grad` (the pipeline's arithmetic), alternating sample by sample. On the "
+        "simulated world (P = 2, 4, float64) the ranks take turns in one thread, so the ratio is "
+        "what the send/recv rows and the runner add; *agree*: the gradients equal one process's "
+        "within 1e-12 of each gradient's largest entry. On gloo (P = 2, float32) rank 0's step "
+        "is timed between two barriers; *agree*: within 1e-5 of the float64 gradients. A step "
+        "sends 2(P − 1)m messages; the message row times one (half a ping-pong of a small "
+        "float32 tensor): `chainrule.dist.send`/`recv`, which first agree on the pair in the "
+        "process group's store, against raw `torch.distributed.send`/`recv`. The bubble rows "
+        "(2 gloo stages, wider layers, m = 1, 4, 8) measure the idle share from the wall clock: "
+        "with T₁ the whole step on one process and T the pipelined step, *bubble measured* is "
+        "1 − T₁/(P·T) (messages and any other load on the machine included), against *bubble "
+        "formula* (P − 1)/(m + P − 1); *bubble slots* is the bubble of the order the runner ran, "
+        "each forward and backward one slot (`pipeline.timeline`).",
+    ),
+    Family(
         "redistribute",
         "Redistribution against PyTorch's DTensor (gloo, 2 processes)",
         "benchmarks.redistribute:measure",

@@ -21,6 +21,7 @@ from benchmarks import (
     goals,
     grading,
     harness,
+    pipeline,
     redistribute,
     report,
     sim_collectives,
@@ -144,6 +145,33 @@ def test_gloo_rows():
     assert all(row["extra"]["best_ratio"] > 0 for row in rows)
     assert gloo_collectives.bus_factor("all_reduce", 2) == 1.0
     assert gloo_collectives.bus_factor("all_gather", 4) == 0.75
+
+
+@pytest.mark.slow
+def test_pipeline_rows():
+    rows = pipeline.collect(sim=(8, 2, 2), gloo=(8, 2, 2), bubble=(16, 4, 1), repeat=1)
+    check_rows(
+        rows,
+        ["pipeline.step_sim.P2", "pipeline.step_sim.P4", "pipeline.step_gloo.P2"]
+        + ["pipeline.message_gloo.64B"]
+        + [f"pipeline.bubble_gloo.m{m}" for m in pipeline.BUBBLE_MICRO_BATCHES],
+    )
+    assert all(row["extra"]["agree"] is True and row["baseline"] for row in rows[:3])
+    for row, m in zip(rows[4:], pipeline.BUBBLE_MICRO_BATCHES, strict=True):
+        assert row["extra"]["bubble_formula"] == 1 / (m + 1)
+        assert row["extra"]["bubble_slots"] == pytest.approx(1 / (m + 1), abs=1e-12)
+        assert row["extra"]["bubble_measured"] < 1
+
+
+def test_the_pipeline_benchmarks_one_process_loop_is_the_pipelines_arithmetic():
+    model, inputs, targets = pipeline.problem(2, 1, 4, 3, 3)
+    from chainrule.parallel import pipeline as pp
+
+    _, reference = pp.one_process_step(model, inputs, targets)
+    loop = pipeline.accumulated(model, inputs, targets, np.float64)
+    assert pipeline.relative_error(loop, reference) < 1e-14
+    wrong = [[g * 2 for g in stage] for stage in loop]
+    assert pipeline.relative_error(wrong, reference) == pytest.approx(1.0)
 
 
 @pytest.mark.slow

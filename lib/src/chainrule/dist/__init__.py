@@ -11,9 +11,9 @@ The same function runs unchanged with ``backend="gloo"`` (one process per rank, 
 
 The modules, lowest first: ``world`` (the world, ``ReduceOp``, the errors), ``collectives``
 (one specification per collective), ``chunks``, ``trace``, ``calls`` (the ranks' agreement),
-``api`` (the collectives, ``run``), ``groups``; the backends ``simulated`` and
-``torch_backend``; the worker pools (``pool``, ``worker``, ``forks``, ``whereabouts``);
-``torchrun``.
+``api`` (the collectives, ``send`` and ``recv``, ``run``), ``groups``; the backends
+``simulated`` and ``torch_backend`` (its sends and recvs: ``torch_pairs``); the worker
+pools (``pool``, ``worker``, ``forks``, ``whereabouts``); ``torchrun``.
 """
 
 from chainrule.dist.api import (
@@ -27,9 +27,11 @@ from chainrule.dist.api import (
     broadcast,
     is_available,
     rank,
+    recv,
     reduce_scatter,
     run,
     scatter,
+    send,
     world_size,
 )
 from chainrule.dist.groups import Grid, Group, grid, new_group
@@ -63,9 +65,11 @@ __all__ = [
     "is_available",
     "new_group",
     "rank",
+    "recv",
     "reduce_scatter",
     "run",
     "scatter",
+    "send",
     "shutdown",
     "world_size",
 ]

@@ -22,7 +22,13 @@ import numpy as np
 
 from chainrule.dist.calls import Call
 from chainrule.dist.chunks import chunk_slice
-from chainrule.dist.world import ReduceOp, World, group_world, refuse_nested_run
+from chainrule.dist.world import (
+    ReduceOp,
+    World,
+    current_world,
+    group_world,
+    refuse_nested_run,
+)
 from chainrule.engine import interop
 
 if TYPE_CHECKING:
@@ -269,6 +275,67 @@ def scatter(x: Any = None, src: int = 0, axis: int = 0, group: Group | None = No
 def barrier(group: Group | None = None) -> None:
     """Wait until every rank has reached this point."""
     group_world(group).collective(Call("barrier"), None)
+
+
+# -- point to point ---------------------------------------------------------------------------
+
+
+def send(x: Any, dst: int) -> None:
+    """Send ``x`` to rank ``dst``, which receives it with ``recv(src=<this rank>)``.
+
+    The k-th send from rank s to rank d meets d's k-th recv from s (torch.distributed's
+    order). A send returns once its recv has met it, on every backend: when every rank sends
+    first, or every rank receives first, the ranks wait for each other, and the run ends in a
+    CollectiveError that names the deadlock (never a hang); so does a send whose destination
+    returns without receiving. Ranks are the world's (there is no ``group=``). The trace records
+    one ``send`` event per message, its N bytes: the cost model's one step of N bytes.
+    """
+    world = current_world()
+    dst = check_peer(dst, world, "send", "dst")
+    data, call = _prepare(world, "send", x, (("src", world.rank), ("dst", dst)))
+    world.point_to_point(call, data)
+
+
+def recv(src: int, shape: Sequence[int] | None = None, dtype: Any = None) -> Any:
+    """What rank ``src`` sends this rank with ``send(x, dst=<this rank>)``: a new array of the
+    sender's shape and dtype, of the kind it sent (numpy, a :class:`chainrule.Tensor` without a
+    graph, or a torch tensor on this rank's device).
+
+    torch.distributed's ``recv`` fills a tensor the receiver made, so the receiver must know the
+    shape and dtype beforehand; here they travel with the message instead (the sender's call,
+    agreed before any data moves, as a broadcast's source's). ``shape`` and ``dtype``, when
+    given, are what the receiver expects: a sender that sends anything else fails the run with
+    a CollectiveError naming both. A recv whose source returns without sending, or that waits
+    for a rank that waits for it, ends the run the same way.
+    """
+    world = current_world()
+    src = check_peer(src, world, "recv", "src")
+    expected = Call(
+        "recv",
+        (("src", src), ("dst", world.rank)),
+        None if shape is None else tuple(int(n) for n in shape),
+        None if dtype is None else _dtype_name(dtype),
+    )
+    result, sent = world.point_to_point(expected, None)
+    return _result(result, sent, None)
+
+
+def check_peer(peer: int, world: World, op: str, what: str) -> int:
+    """``peer`` as the int rank of another rank of ``world``, or TypeError/ValueError."""
+    if isinstance(peer, bool) or not isinstance(peer, int | np.integer):
+        raise TypeError(f"{op}: {what} must be an int rank, got {peer!r}")
+    if not 0 <= peer < world.world_size:
+        raise ValueError(f"{op}: {what}={peer} is not a rank of a world of size {world.world_size}")
+    if peer == world.rank:
+        raise ValueError(f"{op}: {what}={peer} is this rank: a rank cannot {op} to itself")
+    return int(peer)
+
+
+def _dtype_name(dtype: Any) -> str:
+    """A dtype's name (``"float32"``) from a numpy dtype, its name, or a torch dtype."""
+    if type(dtype).__module__.startswith("torch"):
+        return str(dtype).removeprefix("torch.")
+    return interop.numpy_dtype_name(np.dtype(dtype))
 
 
 # -- choosing and starting a backend ----------------------------------------------------------

@@ -206,3 +206,65 @@ def _same(calls: Sequence[Call], name: str, what: str, values: list[Any]) -> Non
 def _show(value: Any) -> str:
     name = getattr(value, "name", None)
     return f"ReduceOp.{name}" if hasattr(value, "value") and name else repr(value)
+
+
+# -- point to point: a send and its recv ------------------------------------------------------
+
+
+def pair_name(call: Call, seq: int) -> str:
+    """What a rank waits in, for a message: ``send #0 to rank 1``, ``recv #2 from rank 0``
+    (``#k``: the k-th message from the source to the destination, counted from 0)."""
+    if call.op == "send":
+        return f"send #{seq} to rank {call.param('dst')}"
+    return f"recv #{seq} from rank {call.param('src')}"
+
+
+def agree_pair(sent: Call, expected: Call, seq: int) -> Call:
+    """The call the k-th send from a source to a destination and the destination's k-th recv
+    from it agree on: the sender's; or CollectiveError naming the pair and the mismatch, when the
+    receiver gave a shape or a dtype (``expected``'s, None where it gave none) that differs."""
+    src, dst = sent.param("src"), sent.param("dst")
+    name = f"send #{seq} from rank {src} to rank {dst}"
+    for what, mine, theirs in (
+        ("shape", sent.shape, expected.shape),
+        ("dtype", sent.dtype, expected.dtype),
+    ):
+        if theirs is not None and theirs != mine:
+            raise CollectiveError(
+                f"{name}: the {what}s differ: rank {src} sends {mine} but rank {dst} receives "
+                f"{theirs}"
+            )
+    return sent
+
+
+def pair_event(sent: Call, seq: int, backend: str) -> CollectiveEvent:
+    """The trace event of a send and its recv: one event, the source's N bytes."""
+    src, dst = sent.param("src"), sent.param("dst")
+    return CollectiveEvent(
+        seq=seq,
+        op="send",
+        shapes=(sent.shape, sent.shape),
+        dtype=sent.dtype,
+        nbytes=sent.nbytes,
+        ranks=(src, dst),
+        kwargs={"src": src, "dst": dst},
+        backend=backend,
+    )
+
+
+def pair_returned_message(rank: int, waits_in: str, peer: int) -> str:
+    """Why ``rank``, waiting in a send or a recv, cannot go on: its peer is done."""
+    return (
+        f"rank {rank} is waiting in {waits_in} but rank {peer} has already returned: every "
+        "send needs a recv on its destination, and every recv a send on its source"
+    )
+
+
+def deadlock_message(waits: dict[int, str]) -> str:
+    """Ranks that wait for each other forever: ``waits[r]`` is what rank r waits in."""
+    shown = ", ".join(f"rank {r} waits in {what}" for r, what in sorted(waits.items()))
+    return (
+        f"deadlock: {shown}; no rank can go on. A send waits for its recv and a recv for its "
+        "send, so when every rank receives first (or every rank sends first) each waits for "
+        "another; let one rank of each pair send while the other receives"
+    )

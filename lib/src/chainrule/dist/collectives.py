@@ -12,6 +12,10 @@ P − 1 steps, ``(P−1)/P · N`` sent per rank (N the gathered result); a reduc
 adding (N its input); an all-reduce both, ``2(P−1)/P · N``. An all-to-all of N bytes a rank
 keeps 1/P and sends the rest (on a fully connected switch); a scatter's source sends the others'
 chunks, ``(P−1)/P · N``; a pipelined broadcast has every rank but the last forward all N.
+
+Point to point: ``send``/``recv`` (:func:`chainrule.dist.api.send`) is one row, ``"send"``, for
+the pair of calls: its source sends its N bytes to its destination in one step. Two ranks meet
+in it, not the world: the backends meet them in ``point_to_point``, not in the tables above.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Collective:
     alone passes the data (the others nothing, or a value like it): its call and its bytes
     count. ``gathers``: the ring model's N is the P contributions together. ``ring_factor(P)``,
     ``steps(P)``: bytes one rank sends per byte of N, and latency steps, on P ≥ 2 ranks.
+    ``point_to_point``: two ranks meet (a send and its recv), not the whole world.
     """
 
     name: str
@@ -41,6 +46,7 @@ class Collective:
     free_axis: str | None = None
     rooted: bool = False
     gathers: bool = False
+    point_to_point: bool = False
 
 
 def _ring(times: int) -> Callable[[int], float]:
@@ -64,6 +70,7 @@ COLLECTIVES: dict[str, Collective] = {
         Collective("broadcast", ("src",), lambda P: 1.0, lambda P: P - 1, rooted=True),
         Collective("scatter", ("src", "axis"), _ring(1), lambda P: P - 1, rooted=True),
         Collective("barrier", (), lambda P: 0.0, lambda P: 0),
+        Collective("send", ("src", "dst"), lambda P: 1.0, lambda P: 1, point_to_point=True),
     )
 }
 """Every collective, by the name its function and a trace give it."""

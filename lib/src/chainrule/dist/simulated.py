@@ -49,7 +49,18 @@ from typing import Any, cast
 import numpy as np
 from greenlet import GreenletExit, greenlet
 
-from chainrule.dist.calls import Call, agree, event, ranks_text, returned_message
+from chainrule.dist.calls import (
+    Call,
+    agree,
+    agree_pair,
+    deadlock_message,
+    event,
+    pair_event,
+    pair_name,
+    pair_returned_message,
+    ranks_text,
+    returned_message,
+)
 from chainrule.dist.groups import Group
 from chainrule.dist.trace import Trace
 from chainrule.dist.whereabouts import Line, line_of_frame, positions
@@ -133,6 +144,9 @@ class _Rank:
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
         return self.run.meet(self.rank, call, data, self.run.everyone)
 
+    def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
+        return self.run.pair(self.rank, call, data)
+
     def register_group(self, group: Group) -> None:
         pass  # a group of the simulated world is just its ranks
 
@@ -154,6 +168,9 @@ class _GroupRank:
 
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]:
         return self.run.meet(self.global_rank, call, data, self.ranks)
+
+    def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
+        raise TypeError("send and recv name the world's ranks: they take no group")
 
     def register_group(self, group: Group) -> None:
         raise TypeError("make groups from the whole world (dist.new_group), not from a group")
@@ -181,6 +198,8 @@ class _Run:
         self.everyone = tuple(range(P))
         self.meetings: dict[tuple[int, ...], _Meeting] = {self.everyone: _Meeting()}
         self.waiting_in: list[tuple[int, ...] | None] = [None] * P  # each rank's meeting
+        self.channels: dict[tuple[int, int], _Channel] = {}  # (source, destination) -> ...
+        self.pair_waits: dict[int, tuple[str, int]] = {}  # rank -> its send/recv, its peer
         self.ready: deque[tuple[int, Any]] = deque((r, _START) for r in range(P))
         self.done = [False] * P
         self.results: list[Any] = [None] * P
@@ -251,6 +270,9 @@ class _Run:
                 self.ready.append((r, CollectiveAborted(self.failure)))
             for meeting in self.meetings.values():
                 meeting.arrived.clear()
+            for channel in self.channels.values():
+                channel.waiting = None
+            self.pair_waits.clear()
 
     def _resume(self, rank: int, value: Any) -> None:
         """Run ``rank`` until it waits in a collective or ends: start it, hand it its result,
@@ -330,24 +352,42 @@ class _Run:
         """Whether every other rank has returned: then no one waits for ``rank``."""
         return all(done for r, done in enumerate(self.done) if r != rank)
 
-    def _stuck(self, waiting: list[int]) -> str:
-        """Why no rank can go on while ``waiting`` ranks wait in collectives."""
-        members: tuple[int, ...] = self.waiting_in[waiting[0]]  # type: ignore[assignment]
+    def _waits_in(self, rank: int) -> str:
+        """What a waiting rank waits in: ``all_reduce #3``, ``recv #0 from rank 1``..."""
+        if rank in self.pair_waits:
+            return self.pair_waits[rank][0]
+        members: tuple[int, ...] = self.waiting_in[rank]  # type: ignore[assignment]
         meeting = self.meetings[members]
-        here = sorted(meeting.arrived)
-        op, seq = meeting.arrived[here[0]][0].op, meeting.seq
         where = "" if members == self.everyone else f" (in the group of ranks {members})"
+        return f"{meeting.arrived[rank][0].op} #{meeting.seq}{where}"
+
+    def _stuck(self, waiting: list[int]) -> str:
+        """Why no rank can go on while ``waiting`` ranks wait in collectives, sends or recvs."""
         if self.timed_out:
+            here = [waiting[0]]
+            if waiting[0] not in self.pair_waits:
+                here = sorted(self.meetings[self.waiting_in[waiting[0]]].arrived)  # type: ignore[index]
             missing = sorted(self.timed_out)
             still = "was still running its" if len(missing) == 1 else "were still running their"
             seconds = max(self.timed_out[r] for r in missing)
             at = positions({r: self.stopped_at.get(r) for r in missing})
             return (
-                f"{op} #{seq}{where} timed out after {self.timeout:g} s: {ranks_text(here)} "
-                f"arrived but {ranks_text(missing)} {still} own code (stopped after "
-                f"{seconds:.2f} s" + (f", {at}" if at else "") + "); pass timeout= to dist.run "
-                "to wait longer"
+                f"{self._waits_in(waiting[0])} timed out after {self.timeout:g} s: "
+                f"{ranks_text(here)} arrived but {ranks_text(missing)} {still} own code (stopped "
+                f"after {seconds:.2f} s" + (f", {at}" if at else "") + "); pass timeout= to "
+                "dist.run to wait longer"
             )
+        pairs = [r for r in waiting if r in self.pair_waits]
+        if pairs:
+            what, peer = self.pair_waits[pairs[0]]
+            if self.done[peer]:
+                return pair_returned_message(pairs[0], what, peer)
+            return deadlock_message({r: self._waits_in(r) for r in waiting})
+        members: tuple[int, ...] = self.waiting_in[waiting[0]]  # type: ignore[assignment]
+        meeting = self.meetings[members]
+        here = sorted(meeting.arrived)
+        op, seq = meeting.arrived[here[0]][0].op, meeting.seq
+        where = "" if members == self.everyone else f" (in the group of ranks {members})"
         absent = [r for r in members if r not in meeting.arrived]
         returned = [r for r in absent if self.done[r]]
         if returned:
@@ -432,6 +472,71 @@ class _Run:
         for r in members:
             if r != rank:
                 self.ready.append((r, CollectiveAborted(self.failure)))
+
+    # -- a send and its recv ----------------------------------------------------------------
+
+    def pair(self, rank: int, call: Call, data: Any) -> tuple[Any, Call]:
+        """Meet the peer of this rank's send or recv ``call`` (``data``: what a send sends);
+        the received array (None for a send) and the sender's call.
+
+        The first of the two to arrive waits; the second checks the pair
+        (:func:`~chainrule.dist.calls.agree_pair`), hands the receiver a copy and goes on.
+        """
+        self.running = None
+        if self.failure is not None:
+            raise CollectiveAborted(self.failure)
+        if rank in self.timed_out:
+            raise _Interrupted(f"rank {rank} was stopped after {self.timed_out[rank]:.2f} s")
+        torch = sys.modules.get("torch")
+        if torch is not None and torch._C._current_graph_task_id() != -1:
+            raise RuntimeError(
+                f"a {call.op} of the simulated world cannot run inside torch's autograd engine "
+                "(a hook or an autograd.Function's backward during .backward()): the ranks share "
+                "one thread; call it outside backward, or use dist.run(..., backend='gloo')"
+            )
+        sending = call.op == "send"
+        src, dst = call.param("src"), call.param("dst")
+        peer = dst if sending else src
+        channel = self.channels.setdefault((src, dst), _Channel())
+        seq = channel.sent if sending else channel.received
+        if sending:
+            channel.sent += 1
+        else:
+            channel.received += 1
+        if channel.waiting is None:  # the first to arrive waits for its peer
+            channel.waiting = (call, data)
+            self.waiting_in[rank] = ()
+            self.pair_waits[rank] = (pair_name(call, seq), peer)
+            return cast(tuple[Any, Call], self.scheduler.switch())
+        other, other_data = channel.waiting
+        channel.waiting = None
+        self.waiting_in[peer] = None
+        del self.pair_waits[peer]
+        sent, payload, expected = (call, data, other) if sending else (other, other_data, call)
+        try:
+            lead = agree_pair(sent, expected, seq)
+        except CollectiveError as exc:
+            self._fail(str(exc))
+            self.ready.append((peer, CollectiveAborted(self.failure)))
+            raise CollectiveAborted(str(exc)) from None
+        received = np.array(payload, order="C")  # the receiver's own copy
+        if self.trace is not None:
+            self.trace.record(pair_event(lead, seq, "sim"))
+        self.ready.append((peer, (received, lead) if sending else (None, lead)))
+        self.running, self.started = rank, time.monotonic()  # the second to arrive goes on
+        return (None, lead) if sending else (received, lead)
+
+
+class _Channel:
+    """The messages from one rank to another: how many were sent and received, and the send
+    or recv (its call and data) that waits for its peer, if one does."""
+
+    __slots__ = ("received", "sent", "waiting")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.waiting: tuple[Call, Any] | None = None
 
 
 class _Meeting:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chainrule.dist.calls import Call, agree, event
+from chainrule.dist.torch_pairs import Pairs
 from chainrule.dist.trace import CollectiveEvent
 from chainrule.dist.world import CollectiveAborted, CollectiveError, ReduceOp
 from chainrule.engine import interop
@@ -68,6 +69,7 @@ class TorchWorld:
         self.events: list[CollectiveEvent] | None = None
         self.event_times: list[float] = []
         self.status = status  # where a pool's owner reads the collective this rank waits in
+        self.pairs = Pairs(self)  # its sends and recvs
 
     def start(self, tracing: bool) -> None:
         """Begin a run of an SPMD function: collectives count from 0 again."""
@@ -76,6 +78,7 @@ class TorchWorld:
         self.event_times = []
         for group in self.groups.values():
             group.seq = 0
+        self.pairs.start()
 
     def register_group(self, group: Group) -> None:
         """Create ``group``'s process group, once per process (a collective step of every rank
@@ -108,6 +111,11 @@ class TorchWorld:
             root.events.append(event(calls, lead, self.seq - 1, self.backend, self.ranks))
             root.event_times.append(time.monotonic())
         return COLLECTIVES[lead.op](self, lead, data, into), lead
+
+    def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
+        if self is not self.root:
+            raise TypeError("send and recv name the world's ranks: they take no group")
+        return self.pairs.meet(call, data)
 
     def agree(self, call: Call) -> tuple[list[Call], Call]:
         """Every rank's call of the next collective, and the call they agree on (or raise)."""
@@ -148,7 +156,8 @@ class TorchWorld:
 
     def finish(self, raised: bool) -> None:
         """End a run: tell the other ranks this one returned (or raised), so that a rank still
-        waiting in a collective learns it at once."""
+        waiting in a collective, a send or a recv learns it at once."""
+        self.pairs.finish(raised)
         if self.failure is None:
             try:
                 self.agree(Call("raised" if raised else "returned"))

@@ -48,6 +48,7 @@ class Status:
     """This rank's collective, while it waits in one: the rank's side of the status file."""
 
     def __init__(self, path: str) -> None:
+        self.folder = os.path.dirname(path)  # where the other ranks' status files are too
         with open(path, "w+b") as handle:
             handle.truncate(SIZE)
             self._map = mmap.mmap(handle.fileno(), SIZE)

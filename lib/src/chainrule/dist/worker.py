@@ -251,7 +251,7 @@ def run_task(message: bytes, rank: int, world: Any) -> Reply | None:
         reply = Reply(rank, error=RemoteError.of(exc))
     reply.events, reply.output = world.events or [], output.getvalue()
     reply.event_times = list(getattr(world, "event_times", []))
-    reply.failure = world.failure
+    reply.failure = world.failure or world.pairs.failure
     return reply
 
 

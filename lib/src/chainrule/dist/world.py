@@ -101,8 +101,8 @@ class World(Protocol):
     """One rank of a backend, as the collectives see it: ``native``, the arrays it computes with
     (``"numpy"``, or ``"torch"`` on ``device``). :meth:`collective` meets the other ranks in
     ``call`` with this rank's ``data`` (a native array, or None); it returns this rank's result
-    and the agreed call. ``into``: a native array sharing all_reduce's ``out=`` memory, which the
-    backend may write the result into."""
+    and the agreed call; :meth:`point_to_point` meets one other rank. ``into``: a native array
+    sharing all_reduce's ``out=`` memory, which the backend may write the result into."""
 
     backend: str
     rank: int
@@ -111,6 +111,10 @@ class World(Protocol):
     device: Any
 
     def collective(self, call: Call, data: Any, into: Any = None) -> tuple[Any, Call]: ...
+
+    def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
+        """Meet the peer of a ``send`` (``data``: what it sends) or a ``recv`` (``data``: None);
+        the received array (None for a send) and the sender's call."""
 
     def register_group(self, group: Group) -> None:
         """Prepare the collectives of ``group`` (called on every rank, in the same order)."""

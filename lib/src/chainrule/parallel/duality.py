@@ -202,6 +202,65 @@ f = copy_to_ranks
 f_bar = reduce_from_ranks
 
 
+# -- point to point: a value moved from one rank to another ---------------------------------
+
+
+def send_to_rank(x: ArrayLike, dst: int) -> Tensor:
+    """Send forward, recv of the gradient backward.
+
+    Global map: this rank s hands its value to rank d, where it becomes the output of
+    :func:`recv_from_rank`: ``y_d = x_s``, the identity from rank s's space to rank d's. VJP:
+    ``x̄_s = ȳ_d``. The value has one consumer (rule 1 with one term: nothing to add) and is a
+    piece of the global value routed to rank d (rule 2 routes its gradient back to where it came
+    from): rank d sends ``ȳ_d`` and this rank receives it. A send has no output on its own rank:
+    it returns a zero-size tensor, a *phony* (as torchgpipe calls it), whose only job is to hold
+    the VJP in the graph. Backpropagate through it (``phony.backward(np.zeros(0))``, or add
+    ``phony.sum()`` to what is backpropagated) and its VJP receives x's gradient from ``dst``.
+    """
+    x = as_tensor(x)
+    dist.send(x.data, dst)
+    shape, dtype = x.data.shape, x.data.dtype
+
+    def vjp(g: np.ndarray) -> tuple[np.ndarray]:
+        return (np.asarray(dist.recv(dst, shape=shape, dtype=dtype)),)
+
+    return Tensor.from_op(np.zeros(0, dtype), (x,), vjp, "send_to_rank")
+
+
+def recv_from_rank(src: int) -> Tensor:
+    """Recv forward, send of the gradient back to the source backward.
+
+    Global map: ``y_d = x_s``, the value rank ``src`` sends with :func:`send_to_rank`. VJP:
+    ``x̄_s = ȳ_d``: this rank's gradient of what it received is the source's gradient of what it
+    sent, so it goes back, a send to ``src`` (the sender's VJP receives it). The received value
+    has no parent on this rank; it hangs from a zero-size leaf that requires a gradient, so
+    that the engine's backward reaches its VJP.
+    """
+    data = np.asarray(dist.recv(src))
+    anchor = Tensor(np.zeros(0, data.dtype), requires_grad=True)
+
+    def vjp(g: np.ndarray) -> tuple[None]:
+        dist.send(g, src)
+        return (None,)
+
+    return Tensor.from_op(data, (anchor,), vjp, "recv_from_rank")
+
+
+def pass_to_next(x: ArrayLike) -> Tensor:
+    """Every rank hands its value to the next one, as pipeline stages do: ``y_r = x_{r−1}``
+    (rank 0 receives nothing: ``y_0 = 0``), the last rank's value goes nowhere. Rank r sends with
+    :func:`send_to_rank` and receives with :func:`recv_from_rank` (first, so the chain never
+    waits in a circle); the phony rides on the output. Its backward is the two rows' VJPs: each
+    rank sends the gradient of what it received back and receives its own value's gradient,
+    ``x̄_r = ȳ_{r+1}`` (``x̄_{P−1} = 0``)."""
+    x = as_tensor(x)
+    r, P = dist.rank(), dist.world_size()
+    y = recv_from_rank(r - 1) if r > 0 else ops.mul(x, 0.0)
+    if r < P - 1:
+        y = y + send_to_rank(x, r + 1).sum()
+    return y
+
+
 # -- the same global maps on one process (the references the rows are checked against) ------
 
 
@@ -249,6 +308,11 @@ def global_all_to_all(
         _concat([chunk(x, q, world_size, split_axis) for x in xs], concat_axis)
         for q in range(world_size)
     ]
+
+
+def global_pass_to_next(xs: Sequence[Any], world_size: int) -> list[Any]:
+    """One process: output r is input r − 1, output 0 is zero."""
+    return [xs[0] * 0.0, *xs[: world_size - 1]]
 
 
 def global_split(xs: Sequence[Any], world_size: int, axis: int = 0) -> list[Any]:
@@ -302,6 +366,8 @@ class DualityRow:
         """The same row on torch tensors (imports torch on first use)."""
         from chainrule.parallel import duality_torch
 
+        if self.key in duality_torch.POINT_TO_POINT_ROWS:
+            return duality_torch.POINT_TO_POINT_ROWS[self.key]
         return duality_torch.ROWS[self.key]
 
 
@@ -427,6 +493,47 @@ DUALITY_TABLE: tuple[DualityRow, ...] = (
         in_syllabus=False,
     ),
 )
+
+
+POINT_TO_POINT_TABLE: tuple[DualityRow, ...] = (
+    DualityRow(
+        key="send",
+        forward="send (to another rank)",
+        backward="recv (of the gradient, from that rank)",
+        reasoning=(
+            "The value has one consumer, on the destination: its gradient is that consumer's, "
+            "routed back to where the value came from (rule 2), so the sender receives it."
+        ),
+        engine_fn=pass_to_next,
+        input_kind=PER_RANK,
+        output_kind=PER_RANK,
+        global_fn=global_pass_to_next,
+        forward_ops=("send",),
+        backward_ops=("send",),
+        in_syllabus=False,
+    ),
+    DualityRow(
+        key="recv",
+        forward="recv (from another rank)",
+        backward="send (of the gradient, back to that rank)",
+        reasoning=(
+            "What arrived is the source's value: the gradient of what arrived is the gradient "
+            "of what was sent, and it goes back, a send to the source."
+        ),
+        engine_fn=pass_to_next,
+        input_kind=PER_RANK,
+        output_kind=PER_RANK,
+        global_fn=global_pass_to_next,
+        forward_ops=("send",),
+        backward_ops=("send",),
+        in_syllabus=False,
+    ),
+)
+"""The point-to-point rows of pipeline parallelism: a send and its recv are the two halves of
+one move (a trace counts the pair as one ``send``), and both run in :func:`pass_to_next`,
+where each rank's send meets the next rank's recv. They are kept out of :data:`DUALITY_TABLE`,
+whose rows each run alone on any number of ranks (one included), and shown where pipelines
+are taught."""
 
 
 def duality_row(key: str) -> DualityRow:

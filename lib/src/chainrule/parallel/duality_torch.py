@@ -173,3 +173,75 @@ ROWS: dict[str, Callable[..., torch.Tensor]] = {
     "all_gather_replicated": gather_replicated,
 }
 """Each row of :data:`chainrule.parallel.duality.DUALITY_TABLE`, by its key, on torch tensors."""
+
+
+# -- point to point ------------------------------------------------------------------------------
+
+
+class SendToRank(torch.autograd.Function):
+    """Send forward, recv of the gradient from the destination backward; the output is a
+    zero-size phony that holds the backward in the graph."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, dst: int) -> torch.Tensor:
+        td.send(x.contiguous(), dst)
+        ctx.dst, ctx.like = dst, torch.empty_like(x, memory_format=torch.contiguous_format)
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        received = torch.empty_like(ctx.like)
+        td.recv(received, ctx.dst)
+        return received, None
+
+
+class RecvFromRank(torch.autograd.Function):
+    """Recv forward (into a tensor of the given shape and dtype, as torch.distributed's recv
+    needs), send of the gradient back to the source backward. ``anchor``: a zero-size tensor
+    that requires a gradient, so that autograd reaches this backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, anchor: torch.Tensor, src: int, shape: Sequence[int], dtype: torch.dtype
+    ) -> torch.Tensor:
+        received = torch.empty(tuple(shape), dtype=dtype)
+        td.recv(received, src)
+        ctx.src = src
+        return received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
+        td.send(grad.contiguous(), ctx.src)
+        return None, None, None, None
+
+
+def send_to_rank(x: torch.Tensor, dst: int) -> torch.Tensor:
+    """Send x to rank ``dst``; backward: receive x's gradient from it. Returns the phony."""
+    return SendToRank.apply(x, dst)
+
+
+def recv_from_rank(
+    src: int, shape: Sequence[int], dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """What rank ``src`` sends (its shape and dtype given, as torch.distributed's recv needs
+    them); backward: send its gradient back to ``src``."""
+    anchor = torch.zeros(0, dtype=dtype, requires_grad=True)
+    return RecvFromRank.apply(anchor, src, shape, dtype)
+
+
+def pass_to_next(x: torch.Tensor) -> torch.Tensor:
+    """``y_r = x_{r−1}``, ``y_0 = 0``: each rank receives first, then sends (see the engine's
+    :func:`chainrule.parallel.duality.pass_to_next`)."""
+    r, P = td.get_rank(), td.get_world_size()
+    y = recv_from_rank(r - 1, x.shape, x.dtype) if r > 0 else x * 0.0
+    if r < P - 1:
+        y = y + send_to_rank(x, r + 1).sum()
+    return y
+
+
+POINT_TO_POINT_ROWS: dict[str, Callable[..., torch.Tensor]] = {
+    "send": pass_to_next,
+    "recv": pass_to_next,
+}
+"""The rows of :data:`chainrule.parallel.duality.POINT_TO_POINT_TABLE` on torch tensors (both
+run in :func:`pass_to_next`)."""

@@ -556,6 +556,9 @@ class _Tape:
         self.received.append((call, np.array(result, copy=True)))
         return result, lead
 
+    def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
+        raise TypeError("the memory measurement answers collectives only, not send or recv")
+
     def subgroup(self, group: Any) -> _world.World:
         raise TypeError("the memory measurement answers the whole world's collectives only")
 

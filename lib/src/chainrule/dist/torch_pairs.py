@@ -1,0 +1,211 @@
+"""A send and its recv between two torch.distributed ranks, agreed in the process group's store.
+
+torch.distributed's ``send`` on gloo waits until its ``recv`` is posted, and a ``recv`` whose
+send never comes waits forever; neither can be called off. So before any data moves the two
+ranks meet in the key-value store the process group was started with (torch.distributed's own
+``Store``): each writes its call (op, shape, dtype) under the message's key,
+``<run>/<src>-<dst>/<k>/send`` or ``.../recv`` (the k-th message from src to dst), and polls
+for the other's. Then both check the pair (:func:`~chainrule.dist.calls.agree_pair`) and one
+``torch.distributed.send`` and its ``recv`` move the data: both are posted, neither can hang.
+
+While it waits, a rank has written what it waits for (``<run>/state/<rank>``: its send or recv,
+its peer, the key it waits for), and every :data:`CHECK_EVERY` seconds it reads the others' and
+asks whether the wait can still end. It cannot when
+
+- its peer returned or raised (:meth:`Pairs.finish` writes that as a rank's function ends);
+- it belongs to a **deadlock**: a set of waiting ranks each of which waits for a rank of the set
+  (or one that has ended). A written wait is stale once its key exists, and keys are not removed
+  within a run, so a wait whose key is still absent after the states were read was real when
+  they were read: no rank of the set can write the key another waits for, and the set waits
+  forever. A rank waiting in a collective (read from its status file,
+  :mod:`chainrule.dist.whereabouts`, in a worker pool) that this rank belongs to and has not
+  reached waits for this rank.
+
+The words are the simulated world's (:mod:`chainrule.dist.calls`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from chainrule.dist.calls import (
+    SIGNALS,
+    Call,
+    agree_pair,
+    deadlock_message,
+    pair_event,
+    pair_name,
+    pair_returned_message,
+)
+from chainrule.dist.world import CollectiveAborted, CollectiveError
+from chainrule.engine import interop
+
+if TYPE_CHECKING:
+    from chainrule.dist.torch_backend import TorchWorld
+
+CHECK_EVERY = 0.05
+"""Seconds between two looks at the other ranks while a send or a recv waits."""
+
+POLL_MAX = 0.002
+"""The longest pause, in seconds, between two looks for the peer's key."""
+
+_COLLECTIVE = re.compile(r"^(\w+) #(\d+)(?: \(in the group of ranks \(([\d, ]*)\)\))?$")
+
+
+class Pairs:
+    """The sends and recvs of one torch rank (``world``, the whole default group's)."""
+
+    def __init__(self, world: TorchWorld) -> None:
+        self.world = world
+        self.store: Any = None
+        self.run = 0  # every rank starts its runs in step: the keys' first part
+        self.sent: dict[int, int] = {}  # destination -> messages sent to it in this run
+        self.received: dict[int, int] = {}  # source -> messages received from it
+        self.failure: str | None = None  # a pair that could not agree, in this run
+
+    def start(self) -> None:
+        self.run += 1
+        self.sent.clear()
+        self.received.clear()
+        self.failure = None
+
+    def _store(self) -> Any:
+        if self.store is None:
+            import torch.distributed as td
+
+            default = td.distributed_c10d._get_default_store()
+            self.store = td.PrefixStore("chainrule-pairs", default)
+        return self.store
+
+    def _key(self, *parts: object) -> str:
+        return "/".join(str(p) for p in (self.run, *parts))
+
+    def meet(self, call: Call, data: Any) -> tuple[Any, Call]:
+        """This rank's send (``data``: its tensor) or recv (None) ``call``, met with its peer's;
+        the received tensor (None for a send) and the sender's call."""
+        import torch
+        import torch.distributed as td
+
+        world = self.world
+        if world.failure is not None or self.failure is not None:
+            raise CollectiveAborted(world.failure or self.failure)
+        sending = call.op == "send"
+        src, dst = call.param("src"), call.param("dst")
+        peer = dst if sending else src
+        counts = self.sent if sending else self.received
+        seq = counts.get(peer, 0)
+        counts[peer] = seq + 1
+        base = self._key(f"{src}-{dst}", seq)
+        mine, theirs = (f"{base}/send", f"{base}/recv")[:: 1 if sending else -1]
+        what = pair_name(call, seq)
+        store = self._store()
+        waits = ("waits", what, peer, theirs)
+        store.multi_set(
+            [mine, self._key("state", world.rank)], [pickle.dumps(call), pickle.dumps(waits)]
+        )
+        if world.status is not None:
+            world.status.waiting_in(what)
+        try:
+            self._wait(theirs, what, peer)
+        finally:
+            if world.status is not None:
+                world.status.waiting_in(None)
+        other: Call = pickle.loads(store.get(theirs))
+        try:
+            lead = agree_pair(*((call, other) if sending else (other, call)), seq)
+        except CollectiveError as exc:
+            self.failure = str(exc)
+            raise
+        if sending:
+            td.send(data.contiguous(), dst)
+            if world.events is not None:
+                world.events.append(pair_event(lead, seq, world.backend))
+                world.event_times.append(time.monotonic())
+            return None, lead
+        dtype = interop.torch_dtype(lead.dtype)  # type: ignore[arg-type]
+        buffer = torch.empty(lead.shape or (), dtype=dtype, device=world.device)
+        td.recv(buffer, src)
+        return buffer, lead
+
+    def _wait(self, key: str, what: str, peer: int) -> None:
+        """Until ``key`` exists; raise CollectiveError when it never can."""
+        store, pause = self.store, 1e-4
+        check_at = time.monotonic() + CHECK_EVERY
+        while not store.check([key]):
+            if time.monotonic() >= check_at:
+                self._check(what, peer)
+                check_at = time.monotonic() + CHECK_EVERY
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX)
+
+    def _check(self, what: str, peer: int) -> None:
+        """Raise when this rank's wait in ``what`` (for ``peer``) can no longer end."""
+        world, store = self.world, self.store
+        me = world.rank
+        states: dict[int, tuple[Any, ...]] = {}
+        for r in range(world.world_size):
+            key = self._key("state", r)
+            if r != me and store.check([key]):
+                states[r] = pickle.loads(store.get(key))
+        waits: dict[int, tuple[str, int]] = {me: (what, peer)}  # rank -> its wait, for whom
+        ended = {r: state[0] for r, state in states.items() if state[0] in ("returned", "raised")}
+        for r, state in states.items():
+            if state[0] == "waits" and not store.check([state[3]]):
+                waits[r] = (state[1], state[2])
+        for r in range(world.world_size):
+            if r not in waits and r not in ended:
+                collective = self._collective_of(r)
+                if collective is not None:
+                    waits[r] = (collective, me)
+        if ended.get(peer) == "returned":
+            raise CollectiveError(pair_returned_message(me, what, peer))
+        if ended.get(peer) == "raised":
+            raise CollectiveAborted(f"rank {me} waited in {what} for rank {peer}, which raised")
+        stuck = set(waits)
+        while True:
+            free = {r for r in stuck if waits[r][1] not in stuck and waits[r][1] not in ended}
+            if not free:
+                break
+            stuck -= free
+        if me in stuck:
+            raise CollectiveError(deadlock_message({r: waits[r][0] for r in stuck}))
+
+    def _collective_of(self, rank: int) -> str | None:
+        """The collective ``rank`` waits in, when it waits for this rank there: it is one of
+        this rank's groups', which this rank has not reached yet."""
+        world = self.world
+        status = world.status
+        if status is None:
+            return None
+        from chainrule.dist import whereabouts
+
+        text = whereabouts.waits_in(status.folder, rank)
+        match = _COLLECTIVE.match(text or "")
+        if match is None or match.group(1) in SIGNALS:  # a send or a recv, or the run's end
+            return None
+        seq, listed = int(match.group(2)), match.group(3)
+        if listed is None:
+            mine = world
+        else:
+            ranks = tuple(int(r) for r in listed.replace(",", " ").split())
+            mine = world.groups.get(ranks)  # type: ignore[assignment]
+            if mine is None or world.rank not in ranks:
+                return None
+        return text if mine.seq <= seq else None
+
+    def finish(self, raised: bool) -> None:
+        """Tell the ranks that wait in a send or a recv that this rank's function ended."""
+        if self.store is None and not self.sent and not self.received:
+            try:
+                self._store()
+            except (RuntimeError, ValueError):
+                return  # no default group: nothing to tell
+        self.store.set(
+            self._key("state", self.world.rank), pickle.dumps(("raised" if raised else "returned",))
+        )
+
+
+__all__ = ["Pairs"]
