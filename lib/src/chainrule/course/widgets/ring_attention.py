@@ -133,12 +133,15 @@ def plot_ring(result: RingResult) -> Figure:
 def build_ring_widget(
     world_size: int = 4, layout: cp.Layout = "plain", causal: bool = True
 ) -> LiveWidget:
-    """A slider for P, a choice of split and of mask; the table and the two panels."""
+    """A slider for P, a choice of split and of mask (causal or none); the table and the two
+    panels."""
     controls = {
         "world_size": ipywidgets.IntSlider(value=world_size, min=2, max=8, description="ranks P"),
         "layout": ipywidgets.Dropdown(
             options=[("plain", "plain"), ("zig-zag", "zigzag")], value=layout, description="split"
         ),
-        "causal": ipywidgets.Checkbox(value=causal, description="causal mask"),
+        "causal": ipywidgets.Dropdown(
+            options=[("causal", True), ("none", False)], value=causal, description="mask"
+        ),
     }
     return LiveWidget(controls, ring_result, render_table, plot_ring)
