@@ -221,3 +221,29 @@ def test_ulysses_moves_less_than_the_ring_and_needs_the_heads_to_split():
     q = np.zeros((3, 4, 2))
     with pytest.raises(dist.RankError, match="3 heads do not split over 2 ranks"):
         dist.run(lambda: cp.ulysses_attention(q, q, q), 2)
+
+
+def _two_layers(q, k, v, g, w):
+    """Two ring attentions stacked, the second's queries, keys and values computed from the
+    first's output and from k, and a loss that reads k once more: the backward meets the ring's
+    messages in a graph the ring did not build alone."""
+    r, P = dist.rank(), dist.world_size()
+    leaves = [Tensor(cp.shard_sequence(x, r, P, "zigzag"), requires_grad=True) for x in (q, k, v)]
+    first = cp.ring_attention(*leaves, causal=True, layout="zigzag")
+    second = cp.ring_attention(first @ w, leaves[1] + first, first, causal=True, layout="zigzag")
+    loss = (second * cp.shard_sequence(g, r, P, "zigzag")).sum() + (leaves[1] * leaves[1]).sum()
+    loss.backward()
+    return [second.data] + [x.grad for x in leaves]
+
+
+def test_two_stacked_rings_on_five_ranks_equal_one_process():
+    rng = np.random.default_rng(5)
+    q, k, v, g = (rng.standard_normal((2, 20, D)) for _ in range(4))
+    w = rng.standard_normal((D, D))
+    leaves = [Tensor(x, requires_grad=True) for x in (q, k, v)]
+    first = cp.attention(*leaves, causal=True)
+    second = cp.attention(first @ w, leaves[1] + first, first, causal=True)
+    ((second * g).sum() + (leaves[1] * leaves[1]).sum()).backward()
+    expected = [second.data] + [x.grad for x in leaves]
+    per_rank = dist.run(_two_layers, 5, args=(q, k, v, g, w))
+    assert largest_error(per_rank, "zigzag", expected) <= TOL
