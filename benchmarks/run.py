@@ -181,6 +181,21 @@ FAMILIES: tuple[Family, ...] = (
         "both end with the same parameters.",
     ),
     Family(
+        "redistribute",
+        "Redistribution against PyTorch's DTensor (gloo, 2 processes)",
+        "benchmarks.redistribute:measure",
+        3,
+        'Inside one `chainrule.dist.run(fn, 2, backend="gloo")`, timed on rank 0 after a '
+        "barrier, subject and baseline alternating. One sample is a forward and a backward "
+        "redistribution of a float32 tensor of S bytes: `chainrule.sharded.redistribute` on an "
+        "engine tensor (numpy; each transition one row of the duality table, its collectives "
+        "through `chainrule.dist`) against `DTensor.redistribute` and `backward` on a DTensor of "
+        "the same placement, on the same process group. Shard(0) → Replicate is an all-gather "
+        "forward and a split backward, Partial → Replicate an all-reduce and the identity, "
+        "Partial → Shard(0) a reduce-scatter and an all-gather. *agree*: both give the same "
+        "outputs and input gradients for every pair of placements.",
+    ),
+    Family(
         "context",
         "Context parallelism: ring attention against one process's attention",
         "benchmarks.context:measure",
@@ -197,21 +212,6 @@ FAMILIES: tuple[Family, ...] = (
         "process's torch attention over the whole sequence on rank 0: one rank's n/P queries "
         "against all n on one process. *error*: the largest difference of the output and of "
         "the gradients of Q, K and V from one process's.",
-    ),
-    Family(
-        "redistribute",
-        "Redistribution against PyTorch's DTensor (gloo, 2 processes)",
-        "benchmarks.redistribute:measure",
-        3,
-        'Inside one `chainrule.dist.run(fn, 2, backend="gloo")`, timed on rank 0 after a '
-        "barrier, subject and baseline alternating. One sample is a forward and a backward "
-        "redistribution of a float32 tensor of S bytes: `chainrule.sharded.redistribute` on an "
-        "engine tensor (numpy; each transition one row of the duality table, its collectives "
-        "through `chainrule.dist`) against `DTensor.redistribute` and `backward` on a DTensor of "
-        "the same placement, on the same process group. Shard(0) → Replicate is an all-gather "
-        "forward and a split backward, Partial → Replicate an all-reduce and the identity, "
-        "Partial → Shard(0) a reduce-scatter and an all-gather. *agree*: both give the same "
-        "outputs and input gradients for every pair of placements.",
     ),
 )
 
