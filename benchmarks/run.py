@@ -219,6 +219,24 @@ FAMILIES: tuple[Family, ...] = (
         "Partial → Shard(0) a reduce-scatter and an all-gather. *agree*: both give the same "
         "outputs and input gradients for every pair of placements.",
     ),
+    Family(
+        "context",
+        "Context parallelism: ring attention against one process's attention",
+        "benchmarks.context:measure",
+        1,
+        "Forward + backward of attention (4 heads of width 16) on the sequence split across P "
+        "ranks: `chainrule.parallel.context.ring_attention` (the key/value blocks passed "
+        "around the ring by the send and recv rows, partial softmaxes merged by their "
+        "log-sum-exp; no hand-written backward), a plain split without mask and a zig-zag split "
+        "with the causal mask. *sim*: the engine on 4 simulated ranks (float64, 256 tokens; 64 "
+        "with `--quick`) taking turns in one thread, so a sample is all the ranks' work, against "
+        "the engine's one-process attention over the whole sequence, alternating in the same "
+        "interpreter. *gloo*: the torch version on 4 gloo processes (float32, 1024 tokens; 2 "
+        "processes and 64 tokens with `--quick`), timed on rank 0 after a barrier, against one "
+        "process's torch attention over the whole sequence on rank 0: one rank's n/P queries "
+        "against all n on one process. *error*: the largest difference of the output and of "
+        "the gradients of Q, K and V from one process's.",
+    ),
 )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import (
+    context,
     engine,
     gloo_collectives,
     goals,
@@ -189,6 +190,20 @@ def test_redistribute_rows():
 
 
 @pytest.mark.slow
+def test_context_rows():
+    rows = context.sim_rows(2, 16, repeat=1) + context.gloo_rows(2, 16, calls=1, repeat=1)
+    check_rows(
+        rows,
+        [
+            "context.sim_plain_full",
+            "context.sim_zigzag_causal",
+            "context.gloo_plain_full",
+            "context.gloo_zigzag_causal",
+        ],
+    )
+    assert all(row["extra"]["agree"] for row in rows)
+
+
 def test_training_rows():
     rows = training.collect(steps=2, repeat=1, width=16)
     rows += training.ddp_rows(width=32, layers=2, cap_bytes=1 << 12, steps=1, repeat=1)

@@ -21,6 +21,8 @@ nothing, so the modules stay independent of each other.
 - :mod:`.expert_routing`: expert loads against capacity, drops, padding, bytes (lesson 14).
 - :mod:`.grid_traffic`: one traced step of the capstone on a dp × tp grid (lesson 15).
 - :mod:`.pipeline_schedule`: a pipeline schedule as stages × slots, its bubble and activations.
+- :mod:`.ring_attention`: which pairs of chunks each rank computes at each step of ring
+  attention, plain and zig-zag splits, and the time the ranks wait (lesson 17).
 - :mod:`.live_widget`: the thin live view shared by those widgets.
 - :mod:`.tables`: tables and numbers as the lessons print them.
 - :mod:`.source`: a library function's source, shown on the page.
