@@ -71,7 +71,8 @@ def render_table(result: RingResult) -> str:
         ["idle share of rank-time", f"{result.idle:.3f}"],
     ]
     mask = "causal" if result.causal else "no mask"
-    return html_table(["", f"P = {result.world_size}, {result.layout} split, {mask}"], rows)
+    layout = {"zigzag": "zig-zag"}.get(result.layout, result.layout)
+    return html_table(["", f"P = {result.world_size}, {layout} split, {mask}"], rows)
 
 
 def plot_ring(result: RingResult) -> Figure:
