@@ -4,9 +4,12 @@ torch.distributed's ``send`` on gloo waits until its ``recv`` is posted, and a `
 send never comes waits forever; neither can be called off. So before any data moves the two
 ranks meet in the key-value store the process group was started with (torch.distributed's own
 ``Store``): each writes its call (op, shape, dtype) under the message's key,
-``<run>/<src>-<dst>/<k>/send`` or ``.../recv`` (the k-th message from src to dst), and polls
-for the other's. Then both check the pair (:func:`~chainrule.dist.calls.agree_pair`) and one
-``torch.distributed.send`` and its ``recv`` move the data: both are posted, neither can hang.
+``<run>/<channel>/<src>-<dst>/<k>/send`` or ``.../recv`` (the k-th message from src to dst in
+the channel: ``world``, or ``group-0-4`` for a message sent in the group of ranks 0 and 4), and
+polls for the other's. Then both check the pair (:func:`~chainrule.dist.calls.agree_pair`) and
+one ``torch.distributed.send`` and its ``recv`` move the data, in the message's process group
+(``dst`` and ``src`` world ranks, as torch.distributed takes them): both are posted, neither can
+hang.
 
 While it waits, a rank has written what it waits for (``<run>/state/<rank>``: its send or recv,
 its peer, the key it waits for), and every :data:`CHECK_EVERY` seconds it reads the others' and
@@ -37,6 +40,7 @@ from chainrule.dist.calls import (
     agree_pair,
     deadlock_message,
     pair_event,
+    pair_group,
     pair_name,
     pair_returned_message,
 )
@@ -62,8 +66,8 @@ class Pairs:
         self.world = world
         self.store: Any = None
         self.run = 0  # every rank starts its runs in step: the keys' first part
-        self.sent: dict[int, int] = {}  # destination -> messages sent to it in this run
-        self.received: dict[int, int] = {}  # source -> messages received from it
+        self.sent: dict[tuple[Any, int], int] = {}  # (group, destination) -> messages sent
+        self.received: dict[tuple[Any, int], int] = {}  # (group, source) -> messages received
         self.failure: str | None = None  # a pair that could not agree, in this run
 
     def start(self) -> None:
@@ -83,9 +87,10 @@ class Pairs:
     def _key(self, *parts: object) -> str:
         return "/".join(str(p) for p in (self.run, *parts))
 
-    def meet(self, call: Call, data: Any) -> tuple[Any, Call]:
+    def meet(self, call: Call, data: Any, process_group: Any = None) -> tuple[Any, Call]:
         """This rank's send (``data``: its tensor) or recv (None) ``call``, met with its peer's;
-        the received tensor (None for a send) and the sender's call."""
+        the received tensor (None for a send) and the sender's call. ``process_group``: the
+        torch.distributed group of the call's group (None: the default group)."""
         import torch
         import torch.distributed as td
 
@@ -96,9 +101,11 @@ class Pairs:
         src, dst = call.param("src"), call.param("dst")
         peer = dst if sending else src
         counts = self.sent if sending else self.received
-        seq = counts.get(peer, 0)
-        counts[peer] = seq + 1
-        base = self._key(f"{src}-{dst}", seq)
+        group = pair_group(call)
+        seq = counts.get((group, peer), 0)
+        counts[(group, peer)] = seq + 1
+        channel = "world" if group is None else "group-" + "-".join(map(str, group))
+        base = self._key(channel, f"{src}-{dst}", seq)
         mine, theirs = (f"{base}/send", f"{base}/recv")[:: 1 if sending else -1]
         what = pair_name(call, seq)
         store = self._store()
@@ -120,14 +127,14 @@ class Pairs:
             self.failure = str(exc)
             raise
         if sending:
-            td.send(data.contiguous(), dst)
+            td.send(data.contiguous(), dst, group=process_group)
             if world.events is not None:
                 world.events.append(pair_event(lead, seq, world.backend))
                 world.event_times.append(time.monotonic())
             return None, lead
         dtype = interop.torch_dtype(lead.dtype)  # type: ignore[arg-type]
         buffer = torch.empty(lead.shape or (), dtype=dtype, device=world.device)
-        td.recv(buffer, src)
+        td.recv(buffer, src, group=process_group)
         return buffer, lead
 
     def _wait(self, key: str, what: str, peer: int) -> None:
