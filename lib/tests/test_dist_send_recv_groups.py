@@ -213,3 +213,37 @@ def test_unmatched_and_mismatched_messages_in_a_group(backend):
         "send #0 from rank 0 to rank 1 in the group of ranks (0, 1): the dtypes differ: rank 0 "
         "sends float32 but rank 1 receives float64"
     )
+
+
+def stages_against_tensor_groups():
+    """Two stages of two tensor-parallel ranks: (0, 1) → (2, 3), pipeline pairs (0, 2) and
+    (1, 3). Rank 0 sends before its tensor group's all-reduce and rank 1 after it; rank 3
+    receives before its all-reduce and rank 2 after it: each waits for the next, in a circle
+    through both kinds of group."""
+    first, second = dist.new_group([0, 1]), dist.new_group([2, 3])
+    pair = [dist.new_group([0, 2]), dist.new_group([1, 3])][dist.rank() % 2]
+    r, x = dist.rank(), np.ones(2)
+    if r == 0:
+        dist.send(x, group=pair, group_dst=1)
+        dist.all_reduce(x, group=first)
+    elif r == 1:
+        dist.all_reduce(x, group=first)
+        dist.send(x, group=pair, group_dst=1)
+    elif r == 2:
+        dist.all_reduce(x, group=second)
+        dist.recv(group=pair, group_src=0)
+    else:
+        dist.recv(group=pair, group_src=0)
+        dist.all_reduce(x, group=second)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_deadlock_through_a_pipeline_group_and_tensor_groups_is_named(backend):
+    """On gloo a rank waiting in an all-reduce of a group that the detecting rank is not in
+    waits for the members its status file shows elsewhere."""
+    assert fails(stages_against_tensor_groups, 4, backend) == (
+        "deadlock: rank 0 waits in send #0 to rank 2 in the group of ranks (0, 2), rank 1 waits "
+        "in all_reduce #0 (in the group of ranks (0, 1)), rank 2 waits in all_reduce #0 (in the "
+        "group of ranks (2, 3)), rank 3 waits in recv #0 from rank 1 in the group of ranks "
+        "(1, 3)" + DEADLOCK_ADVICE
+    )
