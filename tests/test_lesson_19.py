@@ -23,6 +23,7 @@ FETCH = [
     "[sent, stream, sends, BATCH, DP, TP, PP, MICRO]",
     "[config.vocab, config.context, config.width, config.hidden, config.layers]",
     "[one_seconds, sim_seconds, gloo_seconds]",
+    "stage_orders",
 ]
 
 
@@ -94,6 +95,14 @@ def test_eight_simulated_ranks_end_with_one_process_parameters(executed):
     assert toy["2 × 2 × 2"] == max(
         vocab * width + context * width + sharded, sharded + width + width * vocab
     )
+
+
+def test_each_stage_ran_the_1f1b_order(executed):
+    _, v, texts = executed
+    orders = v[FETCH[10]]
+    # 2 stages, 2 micro-batches: stage 0 one forward ahead, the last stage none
+    assert [order for _, _, order in orders] == ["F0 F1 B0 B1"] * 4 + ["F0 B0 F1 B1"] * 4
+    assert "| 0 | 0 | F0 F1 B0 B1 |" in texts and "| 7 | 1 | F0 B0 F1 B1 |" in texts
 
 
 def test_four_gloo_processes_within_the_float32_yardstick(executed):
