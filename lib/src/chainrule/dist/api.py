@@ -280,23 +280,37 @@ def barrier(group: Group | None = None) -> None:
 # -- point to point ---------------------------------------------------------------------------
 
 
-def send(x: Any, dst: int) -> None:
+def send(
+    x: Any, dst: int | None = None, group: Group | None = None, group_dst: int | None = None
+) -> None:
     """Send ``x`` to rank ``dst``, which receives it with ``recv(src=<this rank>)``.
 
     The k-th send from rank s to rank d meets d's k-th recv from s (torch.distributed's
     order). A send returns once its recv has met it, on every backend: when every rank sends
     first, or every rank receives first, the ranks wait for each other, and the run ends in a
     CollectiveError that names the deadlock (never a hang); so does a send whose destination
-    returns without receiving. Ranks are the world's (there is no ``group=``). The trace records
-    one ``send`` event per message, its N bytes: the cost model's one step of N bytes.
+    returns without receiving. The trace records one ``send`` event per message, its N bytes:
+    the cost model's one step of N bytes.
+
+    ``group`` (torch.distributed's arguments): the message travels in that group (on torch,
+    its process group), and meets only a recv of the same group. ``dst`` is a rank of the
+    world even then, as in ``torch.distributed.send``; ``group_dst`` names the destination by
+    its rank in ``group`` instead (pass one of the two). Messages in different groups between
+    the same two ranks are counted, and met, apart.
     """
     world = current_world()
-    dst = check_peer(dst, world, "send", "dst")
-    data, call = _prepare(world, "send", x, (("src", world.rank), ("dst", dst)))
-    world.point_to_point(call, data)
+    dst = _peer(world, group, dst, group_dst, "send", "dst")
+    data, call = _prepare(world, "send", x, _pair_params(world.rank, dst, group))
+    group_world(group).point_to_point(call, data)
 
 
-def recv(src: int, shape: Sequence[int] | None = None, dtype: Any = None) -> Any:
+def recv(
+    src: int | None = None,
+    shape: Sequence[int] | None = None,
+    dtype: Any = None,
+    group: Group | None = None,
+    group_src: int | None = None,
+) -> Any:
     """What rank ``src`` sends this rank with ``send(x, dst=<this rank>)``: a new array of the
     sender's shape and dtype, of the kind it sent (numpy, a :class:`chainrule.Tensor` without a
     graph, or a torch tensor on this rank's device).
@@ -307,16 +321,19 @@ def recv(src: int, shape: Sequence[int] | None = None, dtype: Any = None) -> Any
     given, are what the receiver expects: a sender that sends anything else fails the run with
     a CollectiveError naming both. A recv whose source returns without sending, or that waits
     for a rank that waits for it, ends the run the same way.
+
+    ``group``, ``group_src``: as :func:`send`'s ``group`` and ``group_dst`` (``src`` a rank of
+    the world, ``group_src`` the source's rank in ``group``; one of the two).
     """
     world = current_world()
-    src = check_peer(src, world, "recv", "src")
+    src = _peer(world, group, src, group_src, "recv", "src")
     expected = Call(
         "recv",
-        (("src", src), ("dst", world.rank)),
+        _pair_params(src, world.rank, group),
         None if shape is None else tuple(int(n) for n in shape),
         None if dtype is None else _dtype_name(dtype),
     )
-    result, sent = world.point_to_point(expected, None)
+    result, sent = group_world(group).point_to_point(expected, None)
     return _result(result, sent, None)
 
 
@@ -329,6 +346,53 @@ def check_peer(peer: int, world: World, op: str, what: str) -> int:
     if peer == world.rank:
         raise ValueError(f"{op}: {what}={peer} is this rank: a rank cannot {op} to itself")
     return int(peer)
+
+
+def _peer(
+    world: World, group: Group | None, peer: int | None, group_peer: int | None, op: str, what: str
+) -> int:
+    """The world rank of a send's destination or a recv's source, given as ``peer`` (a world
+    rank) or ``group_peer`` (its rank in ``group``), exactly one of them; or TypeError or
+    ValueError."""
+    if (peer is None) == (group_peer is None):
+        given = "both" if peer is not None else "neither"
+        raise ValueError(
+            f"{op}: pass {what} (a rank of the world) or group_{what} (a rank of the group), "
+            f"not {given}"
+        )
+    if group is None:
+        return check_peer(peer if peer is not None else group_peer, world, op, what)  # type: ignore[arg-type]
+    if world.rank not in group.ranks:
+        raise ValueError(
+            f"{op}: rank {world.rank} is not in the group of ranks {group.ranks}: only its "
+            "members send and receive in it"
+        )
+    if peer is None:
+        if isinstance(group_peer, bool) or not isinstance(group_peer, int | np.integer):
+            raise TypeError(f"{op}: group_{what} must be an int rank, got {group_peer!r}")
+        if not 0 <= group_peer < len(group):
+            raise ValueError(
+                f"{op}: group_{what}={group_peer} is not a rank of the group of ranks "
+                f"{group.ranks}, of size {len(group)}"
+            )
+        if group.ranks[group_peer] == world.rank:
+            raise ValueError(
+                f"{op}: group_{what}={group_peer} is this rank: a rank cannot {op} to itself"
+            )
+        return group.ranks[group_peer]
+    peer = check_peer(peer, world, op, what)
+    if peer not in group.ranks:
+        raise ValueError(
+            f"{op}: {what}={peer} is not a rank of the group of ranks {group.ranks} (a rank of "
+            f"the world, as in torch.distributed; group_{what} counts in the group)"
+        )
+    return peer
+
+
+def _pair_params(src: int, dst: int, group: Group | None) -> tuple[tuple[str, Any], ...]:
+    """A message's arguments: its world ranks, and its group's ranks when it travels in one."""
+    params: tuple[tuple[str, Any], ...] = (("src", src), ("dst", dst))
+    return params if group is None else (*params, ("group", group.ranks))
 
 
 def _dtype_name(dtype: Any) -> str:

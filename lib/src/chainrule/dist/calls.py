@@ -211,12 +211,23 @@ def _show(value: Any) -> str:
 # -- point to point: a send and its recv ------------------------------------------------------
 
 
+def pair_group(call: Call) -> tuple[int, ...] | None:
+    """The world ranks of the group a message travels in (None: the world's)."""
+    return dict(call.params).get("group")
+
+
+def _in_group(call: Call) -> str:
+    group = pair_group(call)
+    return "" if group is None else f" in the group of ranks {group}"
+
+
 def pair_name(call: Call, seq: int) -> str:
     """What a rank waits in, for a message: ``send #0 to rank 1``, ``recv #2 from rank 0``
-    (``#k``: the k-th message from the source to the destination, counted from 0)."""
+    (``#k``: the k-th message from the source to the destination, counted from 0; ranks are
+    the world's), followed by ``in the group of ranks (0, 4)`` for a message sent in a group."""
     if call.op == "send":
-        return f"send #{seq} to rank {call.param('dst')}"
-    return f"recv #{seq} from rank {call.param('src')}"
+        return f"send #{seq} to rank {call.param('dst')}{_in_group(call)}"
+    return f"recv #{seq} from rank {call.param('src')}{_in_group(call)}"
 
 
 def agree_pair(sent: Call, expected: Call, seq: int) -> Call:
@@ -224,7 +235,7 @@ def agree_pair(sent: Call, expected: Call, seq: int) -> Call:
     from it agree on: the sender's; or CollectiveError naming the pair and the mismatch, when the
     receiver gave a shape or a dtype (``expected``'s, None where it gave none) that differs."""
     src, dst = sent.param("src"), sent.param("dst")
-    name = f"send #{seq} from rank {src} to rank {dst}"
+    name = f"send #{seq} from rank {src} to rank {dst}{_in_group(sent)}"
     for what, mine, theirs in (
         ("shape", sent.shape, expected.shape),
         ("dtype", sent.dtype, expected.dtype),
@@ -238,7 +249,8 @@ def agree_pair(sent: Call, expected: Call, seq: int) -> Call:
 
 
 def pair_event(sent: Call, seq: int, backend: str) -> CollectiveEvent:
-    """The trace event of a send and its recv: one event, the source's N bytes."""
+    """The trace event of a send and its recv: one event, the source's N bytes (its
+    ``kwargs``: ``src`` and ``dst``, world ranks, and ``group`` for a message sent in one)."""
     src, dst = sent.param("src"), sent.param("dst")
     return CollectiveEvent(
         seq=seq,
@@ -247,7 +259,7 @@ def pair_event(sent: Call, seq: int, backend: str) -> CollectiveEvent:
         dtype=sent.dtype,
         nbytes=sent.nbytes,
         ranks=(src, dst),
-        kwargs={"src": src, "dst": dst},
+        kwargs=dict(sent.params),
         backend=backend,
     )
 

@@ -4,7 +4,9 @@ A collective called with ``group=g`` meets only the ranks of ``g``: inside it, `
 this rank's index in ``g.ranks`` and ``world_size(g)`` is ``len(g.ranks)``, so the same code
 that reduces over the whole world reduces over a group. Disjoint groups run their collectives
 independently; ranks of one group must call the same collectives of that group in the same
-order, as ranks of a world must.
+order, as ranks of a world must. ``send`` and ``recv`` take ``group=`` as torch.distributed's do:
+the message travels in the group, its peer named by its world rank (``dst``, ``src``) or by its
+rank in the group (``group_dst``, ``group_src``).
 
 :func:`new_group` must be called on every rank of the world, with the same ranks, in the same
 order (``torch.distributed.new_group`` creates a process group there, a collective step of

@@ -56,6 +56,7 @@ from chainrule.dist.calls import (
     deadlock_message,
     event,
     pair_event,
+    pair_group,
     pair_name,
     pair_returned_message,
     ranks_text,
@@ -170,7 +171,7 @@ class _GroupRank:
         return self.run.meet(self.global_rank, call, data, self.ranks)
 
     def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
-        raise TypeError("send and recv name the world's ranks: they take no group")
+        return self.run.pair(self.global_rank, call, data)
 
     def register_group(self, group: Group) -> None:
         raise TypeError("make groups from the whole world (dist.new_group), not from a group")
@@ -198,7 +199,7 @@ class _Run:
         self.everyone = tuple(range(P))
         self.meetings: dict[tuple[int, ...], _Meeting] = {self.everyone: _Meeting()}
         self.waiting_in: list[tuple[int, ...] | None] = [None] * P  # each rank's meeting
-        self.channels: dict[tuple[int, int], _Channel] = {}  # (source, destination) -> ...
+        self.channels: dict[tuple[Any, ...], _Channel] = {}  # (source, destination, group)
         self.pair_waits: dict[int, tuple[str, int]] = {}  # rank -> its send/recv, its peer
         self.ready: deque[tuple[int, Any]] = deque((r, _START) for r in range(P))
         self.done = [False] * P
@@ -479,7 +480,8 @@ class _Run:
         """Meet the peer of this rank's send or recv ``call`` (``data``: what a send sends);
         the received array (None for a send) and the sender's call.
 
-        The first of the two to arrive waits; the second checks the pair
+        Messages from one rank to another travel in channels, one per group (the world's
+        too), each counted apart. The first of the two to arrive waits; the second checks the pair
         (:func:`~chainrule.dist.calls.agree_pair`), hands the receiver a copy and goes on.
         """
         self.running = None
@@ -497,7 +499,7 @@ class _Run:
         sending = call.op == "send"
         src, dst = call.param("src"), call.param("dst")
         peer = dst if sending else src
-        channel = self.channels.setdefault((src, dst), _Channel())
+        channel = self.channels.setdefault((src, dst, pair_group(call)), _Channel())
         seq = channel.sent if sending else channel.received
         if sending:
             channel.sent += 1

@@ -113,9 +113,8 @@ class TorchWorld:
         return COLLECTIVES[lead.op](self, lead, data, into), lead
 
     def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
-        if self is not self.root:
-            raise TypeError("send and recv name the world's ranks: they take no group")
-        return self.pairs.meet(call, data)
+        """A send or a recv, in this world's process group (a group's, or the default)."""
+        return self.root.pairs.meet(call, data, self.process_group)
 
     def agree(self, call: Call) -> tuple[list[Call], Call]:
         """Every rank's call of the next collective, and the call they agree on (or raise)."""

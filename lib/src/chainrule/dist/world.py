@@ -114,7 +114,8 @@ class World(Protocol):
 
     def point_to_point(self, call: Call, data: Any) -> tuple[Any, Call]:
         """Meet the peer of a ``send`` (``data``: what it sends) or a ``recv`` (``data``: None);
-        the received array (None for a send) and the sender's call."""
+        the received array (None for a send) and the sender's call. Its ranks are the world's;
+        a group's world carries the message in that group (the call's ``group``)."""
 
     def register_group(self, group: Group) -> None:
         """Prepare the collectives of ``group`` (called on every rank, in the same order)."""

@@ -205,7 +205,12 @@ f_bar = reduce_from_ranks
 # -- point to point: a value moved from one rank to another ---------------------------------
 
 
-def send_to_rank(x: ArrayLike, dst: int) -> Tensor:
+def send_to_rank(
+    x: ArrayLike,
+    dst: int | None = None,
+    group: dist.Group | None = None,
+    group_dst: int | None = None,
+) -> Tensor:
     """Send forward, recv of the gradient backward.
 
     Global map: this rank s hands its value to rank d, where it becomes the output of
@@ -216,48 +221,55 @@ def send_to_rank(x: ArrayLike, dst: int) -> Tensor:
     it returns a zero-size tensor, a *phony* (as torchgpipe calls it), whose only job is to hold
     the VJP in the graph. Backpropagate through it (``phony.backward(np.zeros(0))``, or add
     ``phony.sum()`` to what is backpropagated) and its VJP receives x's gradient from ``dst``.
+    ``group``, ``group_dst``: as :func:`chainrule.dist.send`'s (``dst`` a rank of the world,
+    ``group_dst`` a rank of ``group``); the gradient comes back in the same group.
     """
     x = as_tensor(x)
-    dist.send(x.data, dst)
+    dist.send(x.data, dst, group=group, group_dst=group_dst)
     shape, dtype = x.data.shape, x.data.dtype
 
     def vjp(g: np.ndarray) -> tuple[np.ndarray]:
-        return (np.asarray(dist.recv(dst, shape=shape, dtype=dtype)),)
+        received = dist.recv(dst, shape=shape, dtype=dtype, group=group, group_src=group_dst)
+        return (np.asarray(received),)
 
     return Tensor.from_op(np.zeros(0, dtype), (x,), vjp, "send_to_rank")
 
 
-def recv_from_rank(src: int) -> Tensor:
+def recv_from_rank(
+    src: int | None = None, group: dist.Group | None = None, group_src: int | None = None
+) -> Tensor:
     """Recv forward, send of the gradient back to the source backward.
 
     Global map: ``y_d = x_s``, the value rank ``src`` sends with :func:`send_to_rank`. VJP:
     ``x̄_s = ȳ_d``: this rank's gradient of what it received is the source's gradient of what it
     sent, so it goes back, a send to ``src`` (the sender's VJP receives it). The received value
     has no parent on this rank; it hangs from a zero-size leaf that requires a gradient, so
-    that the engine's backward reaches its VJP.
+    that the engine's backward reaches its VJP. ``group``, ``group_src``: as
+    :func:`chainrule.dist.recv`'s.
     """
-    data = np.asarray(dist.recv(src))
+    data = np.asarray(dist.recv(src, group=group, group_src=group_src))
     anchor = Tensor(np.zeros(0, data.dtype), requires_grad=True)
 
     def vjp(g: np.ndarray) -> tuple[None]:
-        dist.send(g, src)
+        dist.send(g, src, group=group, group_dst=group_src)
         return (None,)
 
     return Tensor.from_op(data, (anchor,), vjp, "recv_from_rank")
 
 
-def pass_to_next(x: ArrayLike) -> Tensor:
+def pass_to_next(x: ArrayLike, group: dist.Group | None = None) -> Tensor:
     """Every rank hands its value to the next one, as pipeline stages do: ``y_r = x_{r−1}``
     (rank 0 receives nothing: ``y_0 = 0``), the last rank's value goes nowhere. Rank r sends with
     :func:`send_to_rank` and receives with :func:`recv_from_rank` (first, so the chain never
     waits in a circle); the phony rides on the output. Its backward is the two rows' VJPs: each
     rank sends the gradient of what it received back and receives its own value's gradient,
-    ``x̄_r = ȳ_{r+1}`` (``x̄_{P−1} = 0``)."""
+    ``x̄_r = ȳ_{r+1}`` (``x̄_{P−1} = 0``). ``group``: the chain is the group's ranks, in its
+    order (r counts in the group)."""
     x = as_tensor(x)
-    r, P = dist.rank(), dist.world_size()
-    y = recv_from_rank(r - 1) if r > 0 else ops.mul(x, 0.0)
+    r, P = dist.rank(group), dist.world_size(group)
+    y = recv_from_rank(group=group, group_src=r - 1) if r > 0 else ops.mul(x, 0.0)
     if r < P - 1:
-        y = y + send_to_rank(x, r + 1).sum()
+        y = y + send_to_rank(x, group=group, group_dst=r + 1).sum()
     return y
 
 

@@ -25,6 +25,11 @@ share, the **bubble**, is ``(P − 1)/(m + P − 1)``.
 The micro-batches' gradients add up in the parameters' ``.grad`` (each micro-batch loss is
 divided by m): gradient accumulation, in time, as in lesson 6. The pipelined gradient is the
 gradient of the whole batch.
+
+:func:`run_schedule` runs one stage's schedule for any stage forward, the stages being the
+ranks of the world or of a group (a pipeline group of a larger grid, whose stages may be
+tensor-parallel groups themselves); :func:`run_stage` is it for the tanh MLP of
+:func:`random_model`, one stage per rank of the world.
 """
 
 from __future__ import annotations
@@ -208,6 +213,76 @@ def squared_error(y: Tensor, target: np.ndarray) -> Tensor:
 
 
 @dataclass
+class ScheduleRun:
+    """What one stage's schedule ran: its actions in order, the loss (the sum of the last
+    stage's micro-batch losses; 0 elsewhere) and the most micro-batches' activations it held at
+    once."""
+
+    order: list[str]
+    loss: float
+    peak_activations: int
+
+
+StageForward = Callable[[int, Tensor | None], Tensor]
+"""A stage's forward of micro-batch i: ``forward(i, x)``, ``x`` the activation received from
+the stage before (None on the first stage, which reads micro-batch i itself). The last stage
+returns micro-batch i's loss, scaled to its share of the batch's (divided by m); every other
+stage the activation it sends on."""
+
+
+def run_schedule(
+    forward: StageForward,
+    micro_batches: int,
+    schedule: str = "1f1b",
+    group: dist.Group | None = None,
+) -> ScheduleRun:
+    """SPMD, on stage s of the P ranks of ``group`` (the world by default; s and P count in
+    it): run the ``schedule`` of m = ``micro_batches`` forwards and backwards of this stage.
+
+    A forward receives its activation from stage s − 1 (:func:`recv_from_rank`; stage 0
+    receives nothing), runs ``forward`` and sends the output on (:func:`send_to_rank`; the last
+    stage keeps the loss), and keeps what its backward needs; a backward backpropagates it,
+    which receives the output's gradient and sends the input's back. The gradients of the
+    parameters ``forward`` uses add up in their ``.grad`` over the micro-batches.
+
+    A send returns once its recv has met it. In 1F1B's steady state stage s would send the
+    activation of a forward while stage s + 1 sends the gradient of a backward: both sending,
+    each would wait for the other. So when the next stage runs the backward that follows a
+    forward here before it needs that forward's output, the output is sent after the backward
+    has received its gradient (pipeline libraries post the two at once instead, with
+    torch.distributed's ``batch_isend_irecv``). The computations run in the schedule's order
+    either way.
+    """
+    s, P = dist.rank(group), dist.world_size(group)
+    last = s == P - 1
+    held: dict[int, Tensor] = {}  # micro-batch -> its loss or phony: its activations, alive
+    unsent: tuple[int, Tensor] | None = None  # a forward's output that waits for a backward
+    order, peak, loss = [], 0, 0.0
+    plans = SCHEDULES[schedule](P, micro_batches)
+    for step, action in enumerate(plans[s]):
+        i = action.micro
+        if action.kind == "F":
+            x = None if s == 0 else recv_from_rank(group=group, group_src=s - 1)
+            y = forward(i, x)
+            if last:
+                held[i] = y
+                loss += float(y.data)
+            elif _send_after_next_backward(plans, s, step):
+                unsent = (i, y)  # sent once that backward has received its gradient
+            else:
+                held[i] = send_to_rank(y, group=group, group_dst=s + 1)
+            peak = max(peak, len(held) + (unsent is not None))
+        else:
+            out = held.pop(i)
+            out.backward(None if last else np.zeros(0, out.dtype))
+            if unsent is not None:
+                held[unsent[0]] = send_to_rank(unsent[1], group=group, group_dst=s + 1)
+                unsent = None
+        order.append(str(action))
+    return ScheduleRun(order, loss, peak)
+
+
+@dataclass
 class StageResult:
     """What one stage (rank) ran: its actions in order, the gradients of its layers' parameters
     (accumulated over the micro-batches), the loss (the last stage's; 0 elsewhere) and the most
@@ -227,23 +302,11 @@ def run_stage(
     dtype: Any = np.float64,
 ) -> StageResult:
     """SPMD, on rank s of P: stage s of the model, its layers ``stage_layers[s]``, runs the
-    ``schedule`` over the m micro-batches ``inputs`` (with ``targets``).
-
-    A forward receives its activation from stage s − 1 (stage 0: the micro-batch), runs the
-    layers and sends the output on (the last stage: the loss, divided by m) and keeps what its
-    backward needs; a backward backpropagates it, which receives the output's gradient and sends
-    the input's back. The parameters' ``.grad`` add up over the micro-batches.
-
-    A send returns once its recv has met it. In 1F1B's steady state stage s would send the
-    activation of a forward while stage s + 1 sends the gradient of a backward: both sending,
-    each would wait for the other. So when the next stage runs the backward that follows a
-    forward here before it needs that forward's output, the output is sent after the backward
-    has received its gradient (pipeline libraries post the two at once instead, with
-    torch.distributed's ``batch_isend_irecv``). The computations run in the schedule's order
-    either way.
+    ``schedule`` over the m micro-batches ``inputs`` (with ``targets``), by
+    :func:`run_schedule`: the last stage's forward ends in the micro-batch's loss, divided by m.
     """
     s, P = dist.rank(), dist.world_size()
-    m, last = len(inputs), s == dist.world_size() - 1
+    m, last = len(inputs), s == P - 1
     layers = [
         (
             Tensor(np.asarray(w, dtype), requires_grad=True),
@@ -251,33 +314,14 @@ def run_stage(
         )
         for w, b in stage_layers[s]
     ]
-    held: dict[int, Tensor] = {}  # micro-batch -> its loss or phony: its activations, alive
-    unsent: tuple[int, Tensor] | None = None  # a forward's output that waits for a backward
-    order, peak, loss = [], 0, 0.0
-    plans = SCHEDULES[schedule](P, m)
-    plan = plans[s]
-    for step, action in enumerate(plan):
-        i = action.micro
-        if action.kind == "F":
-            x = Tensor(np.asarray(inputs[i], dtype)) if s == 0 else recv_from_rank(s - 1)
-            y = forward_layers(layers, x, last)
-            if last:
-                held[i] = squared_error(y, np.asarray(targets[i], dtype)) * (1.0 / m)
-                loss += float(held[i].data)
-            elif _send_after_next_backward(plans, s, step):
-                unsent = (i, y)  # sent once that backward has received its gradient
-            else:
-                held[i] = send_to_rank(y, s + 1)
-            peak = max(peak, len(held) + (unsent is not None))
-        else:
-            out = held.pop(i)
-            out.backward(None if last else np.zeros(0, dtype))
-            if unsent is not None:
-                held[unsent[0]] = send_to_rank(unsent[1], s + 1)
-                unsent = None
-        order.append(str(action))
+
+    def forward(i: int, x: Tensor | None) -> Tensor:
+        y = forward_layers(layers, Tensor(np.asarray(inputs[i], dtype)) if x is None else x, last)
+        return squared_error(y, np.asarray(targets[i], dtype)) * (1.0 / m) if last else y
+
+    run = run_schedule(forward, m, schedule)
     gradients = [np.asarray(p.grad) for layer in layers for p in layer]
-    return StageResult(order, gradients, loss, peak)
+    return StageResult(run.order, gradients, run.loss, run.peak_activations)
 
 
 def pipeline_step(

@@ -163,6 +163,27 @@ def loss(
     ``params``: this rank's parameters (whole, or its tensor-parallel part); ``tp_group``: the
     ranks that share the cut matrices (None: one process, f and f̄ are the identity).
     """
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    x = embed(params, inputs)
+    for layer in range(config.layers):
+        x = block(params, layer, x, config, tp_group)
+    return head_loss(params, x, targets)
+
+
+def embed(params: dict[str, Tensor], inputs: np.ndarray) -> Tensor:
+    """The residual stream's start: each token's embedding plus its position's."""
+    return params["embed"][inputs] + params["position"]
+
+
+def block(
+    params: dict[str, Tensor],
+    layer: int,
+    x: Tensor,
+    config: Config,
+    tp_group: dist.Group | None = None,
+) -> Tensor:
+    """Block ``layer`` on the residual stream ``x`` (batch, tokens, width): attention, then the
+    MLP, each normed first and added to the stream; Megatron's block in ``tp_group``."""
     f: Callable[[Tensor], Tensor] = identity
     f_bar: Callable[[Tensor], Tensor] = identity
     heads = config.heads
@@ -170,15 +191,16 @@ def loss(
         f = lambda x: duality.copy_to_ranks(x, tp_group)  # noqa: E731
         f_bar = lambda x: duality.reduce_from_ranks(x, tp_group)  # noqa: E731
         heads //= len(tp_group)
-    inputs, targets = windows[:, :-1], windows[:, 1:]
-    x = params["embed"][inputs] + params["position"]
-    for layer in range(config.layers):
-        p = {name: params[f"{layer}.{name}"] for name in ("norm1", *SHARD_AXIS, "norm2")}
-        a = f(ops.rms_norm(x, p["norm1"]))  # f: the replicated activations enter the heads
-        heads_out = causal_attention(a @ p["wq"], a @ p["wk"], a @ p["wv"], heads)
-        x = x + f_bar(heads_out @ p["wo"])  # f̄: the heads' partial outputs are added
-        m = f(ops.rms_norm(x, p["norm2"]))
-        x = x + f_bar((m @ p["w1"]).tanh() @ p["w2"])
+    p = {name: params[f"{layer}.{name}"] for name in ("norm1", *SHARD_AXIS, "norm2")}
+    a = f(ops.rms_norm(x, p["norm1"]))  # f: the replicated activations enter the heads
+    heads_out = causal_attention(a @ p["wq"], a @ p["wk"], a @ p["wv"], heads)
+    x = x + f_bar(heads_out @ p["wo"])  # f̄: the heads' partial outputs are added
+    m = f(ops.rms_norm(x, p["norm2"]))
+    return x + f_bar((m @ p["w1"]).tanh() @ p["w2"])
+
+
+def head_loss(params: dict[str, Tensor], x: Tensor, targets: np.ndarray) -> Tensor:
+    """The final norm, the head's logits and their mean cross-entropy against ``targets``."""
     logits = ops.rms_norm(x, params["norm"]) @ params["head"]
     return ops.cross_entropy(logits, targets)
 
@@ -200,6 +222,11 @@ class Training:
 
 def train_one_process(t: Training) -> list[float]:
     """The loss of every step, training the whole model on whole batches in this process."""
+    return trained_one_process(t)[0]
+
+
+def trained_one_process(t: Training) -> tuple[list[float], dict[str, np.ndarray]]:
+    """:func:`train_one_process`'s losses, and the weights it ends with."""
     params = {n: Tensor(w.copy(), requires_grad=True) for n, w in t.weights.items()}
     optimizer = SGD(params.values(), t.lr, t.momentum)
     losses = []
@@ -209,7 +236,7 @@ def train_one_process(t: Training) -> list[float]:
         losses.append(float(step_loss.data))
         optimizer.step()
         optimizer.zero_grad()
-    return losses
+    return losses, {n: p.data for n, p in params.items()}
 
 
 def train_on_grid(t: Training, dp: int, tp: int, steps: int | None = None) -> list[float]:
