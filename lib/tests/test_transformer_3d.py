@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 from chainrule import dist
+from chainrule.costs import comm_cost
 from chainrule.parallel import transformer as tf
 from chainrule.parallel import transformer_3d as t3
 
@@ -133,7 +134,7 @@ def test_the_bytes_of_each_axis_from_the_trace():
     t, dp, tp, pp, m = _training(steps=1), 2, 2, 2, 2
     trace = dist.Trace()
     dist.run(t3.train_on_3d_grid, 8, args=(t, dp, tp, pp, m), trace=trace)
-    sent = t3.bytes_by_axis(trace, dp, tp, pp)
+    sent = comm_cost.bytes_by_axis(trace, t3.grid_groups(dp, tp, pp))
     c, rows = t.config, len(t.windows[0]) // dp
     stream = rows * c.context * c.width * 8  # one replica's residual stream, float64
     for rank, axes in enumerate(sent):

@@ -84,6 +84,39 @@ TOPOLOGIES = ("switch", "ring", "torus")
 ring, a square 2-D torus (a bidirectional ring along each of its two axes)."""
 
 
+def bytes_by_axis(
+    trace: Iterable[Any], groups: Mapping[str, Sequence[tuple[int, ...]]]
+) -> list[dict[str, float]]:
+    """The bytes each rank sends along each axis of a grid in ``trace`` (the ring model,
+    :func:`event_bytes`). ``groups`` gives each axis's groups of ranks (for example
+    :func:`chainrule.parallel.transformer_3d.grid_groups`); a collective counts for every rank
+    of its group, on its group's axis, and a send for its source, on the axis whose group holds
+    both ends. Groups of one rank send nothing."""
+    axis_of = {tuple(ranks): axis for axis, of_axis in groups.items() for ranks in of_axis}
+    world_size = 1 + max(rank for ranks in axis_of for rank in ranks)
+    sent = [dict.fromkeys(groups, 0.0) for _ in range(world_size)]
+    for event in trace:
+        if event.op == "send":
+            src, dst = event.kwargs["src"], event.kwargs["dst"]
+            axis = next(
+                (
+                    a
+                    for ranks, a in axis_of.items()
+                    if src in ranks and dst in ranks and len(ranks) > 1
+                ),
+                None,
+            )
+            if axis is None:
+                raise ValueError(f"send #{event.seq} from {src} to {dst}: no group holds both")
+            sent[src][axis] += event_bytes(event)
+        elif len(event.ranks) > 1:
+            if event.ranks not in axis_of:
+                raise ValueError(f"{event.op} #{event.seq} met the ranks {event.ranks}: no group")
+            for rank in event.ranks:
+                sent[rank][axis_of[event.ranks]] += event_bytes(event)
+    return sent
+
+
 def all_to_all_link_bytes(nbytes: float, world_size: int, topology: str = "switch") -> float:
     """Bytes on the busiest link (one direction) of an all-to-all of ``nbytes`` per rank.
 

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from chainrule import dist
-from chainrule.costs.comm_cost import event_bytes
 from chainrule.dist.chunks import chunk
 from chainrule.engine.optim import SGD
 from chainrule.engine.tensor import Tensor
@@ -253,24 +252,6 @@ def replicas_agree(weights: Sequence[dict[str, np.ndarray]], dp: int, tp: int) -
         if not all(np.array_equal(parts[n], first[n]) for n in parts):
             return False
     return True
-
-
-def bytes_by_axis(trace: dist.Trace, dp: int, tp: int, pp: int) -> list[dict[str, float]]:
-    """The bytes each rank sends on each axis in ``trace`` (the ring model,
-    :func:`~chainrule.costs.comm_cost.event_bytes`): a collective counts for every rank of its
-    group, on its group's axis; a send for its source, on the pipeline axis. Groups of one rank
-    send nothing."""
-    axis_of = {ranks: axis for axis, groups in grid_groups(dp, tp, pp).items() for ranks in groups}
-    sent = [dict.fromkeys(AXES, 0.0) for _ in range(dp * tp * pp)]
-    for event in trace:
-        if event.op == "send":
-            sent[event.kwargs["src"]]["pipeline"] += event_bytes(event)
-        elif len(event.ranks) > 1:
-            if event.ranks not in axis_of:
-                raise ValueError(f"{event.op} #{event.seq} met the ranks {event.ranks}: no group")
-            for rank in event.ranks:
-                sent[rank][axis_of[event.ranks]] += event_bytes(event)
-    return sent
 
 
 def parameter_shapes(config: tf.Config) -> dict[str, tuple[int, ...]]:
