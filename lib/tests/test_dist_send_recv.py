@@ -35,7 +35,8 @@ def test_a_chain_of_sends_carries_values_kinds_and_dtypes(backend):
     np.testing.assert_array_equal(out[0], x + 3)
     np.testing.assert_array_equal(out[2], x + 1)
     assert out[0].dtype == np.float32 and isinstance(out[0], np.ndarray)
-    assert [(e.op, e.kwargs["src"], e.kwargs["dst"]) for e in trace] == [
+    # (the ranks' traces are merged; messages between different pairs have no order of their own)
+    assert sorted((e.op, e.kwargs["src"], e.kwargs["dst"]) for e in trace) == [
         ("send", 0, 1),
         ("send", 1, 2),
         ("send", 2, 0),

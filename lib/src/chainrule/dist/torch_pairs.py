@@ -158,17 +158,34 @@ class Pairs:
         its own), so every wait of the second look was on at a moment between the two."""
         me = self.world.rank
         waits, ended = self._waits(what, peer)
+        self._peer_ended(what, peer, ended)
+        if me not in _stuck(waits, ended):
+            return
+        again, ended = self._waits(what, peer)
+        # between the reads the peer may have found the same deadlock and raised: its error
+        # names the whole set, this rank's would name only what is left
+        self._peer_ended(what, peer, ended)
+        seen_twice = {r: w for r, w in again.items() if r in waits and waits[r][0] == w[0]}
+        stuck = _stuck(seen_twice, ended)
+        if me not in stuck:
+            return
+        raised = sorted(
+            p
+            for r in stuck
+            for p in seen_twice[r][1]
+            if p not in stuck and ended.get(p) == "raised"
+        )
+        if raised:  # a rank of the circle raised first (it found the deadlock, or failed)
+            raise CollectiveAborted(f"rank {me} waited in {what}; rank {raised[0]} raised")
+        raise CollectiveError(deadlock_message({r: seen_twice[r][0] for r in stuck}))
+
+    def _peer_ended(self, what: str, peer: int, ended: dict[int, str]) -> None:
+        """Raise when ``peer``, which this rank waits for, has returned or raised."""
+        me = self.world.rank
         if ended.get(peer) == "returned":
             raise CollectiveError(pair_returned_message(me, what, peer))
         if ended.get(peer) == "raised":
             raise CollectiveAborted(f"rank {me} waited in {what} for rank {peer}, which raised")
-        if me not in _stuck(waits, ended):
-            return
-        again, ended = self._waits(what, peer)
-        seen_twice = {r: w for r, w in again.items() if r in waits and waits[r][0] == w[0]}
-        stuck = _stuck(seen_twice, ended)
-        if me in stuck:
-            raise CollectiveError(deadlock_message({r: seen_twice[r][0] for r in stuck}))
 
     def _waits(
         self, what: str, peer: int
