@@ -52,6 +52,20 @@ def test_fits_are_drawn_per_collective():
     assert len(titles) == 3 and "α = 300 µs" in titles[0]
     assert "off by 0% (median), 0% (max)" in titles[0]  # the fit's error is on the picture
     assert titles[2].startswith("reduce-scatter: no fit") and "all-reduce" in titles[2]
+    # a least-squares line far from its points is drawn, but not called a fit
+    noisy = [
+        cc.Measurement(
+            m.op,
+            m.world_size,
+            m.nbytes,
+            m.seconds * (10 if (m.world_size == 2) == (m.nbytes > 1 << 10) else 1),
+        )
+        for m in measurements
+    ]
+    loose = cc.fit(noisy, "all_reduce")
+    assert not loose.is_a_fit and fits["all_reduce"].is_a_fit
+    title = cw.plot_fits(noisy, {"all_reduce": loose}).axes[0].get_title()
+    assert title.startswith("all-reduce: least squares, not a fit\noff by ") and "α" not in title
     # the unfitted panel: its own points (filled) and the other collective's (open, dotted)
     lines = figure.axes[2].get_lines()
     assert [line.get_markerfacecolor() == "none" for line in lines] == [False, True] * 2

@@ -43,7 +43,9 @@ def plot_fits(
     against: Mapping[str, str] | None = None,
 ) -> Figure:
     """One log-log panel per measured collective: its medians (dots), one colour per number of
-    ranks, and the fitted model (lines, the fit's errors in the title) where ``fits`` has one.
+    ranks, and the fitted model (lines, the fit's errors in the title) where ``fits`` has one;
+    one that is not a fit (:attr:`~chainrule.costs.comm_cost.Fit.is_a_fit`) is titled so, with
+    no α and B in its title.
 
     A collective without a fit is drawn against another one's measurements (``against``: op →
     op, open circles joined by dotted lines), e.g. gloo's reduce-scatter against its all-reduce.
@@ -69,10 +71,15 @@ def plot_fits(
                           color=colour, ms=5, mfc="none", lw=1)  # fmt: skip
         name = op.replace("_", "-")
         if fit is not None:
+            errors = (
+                f"off by {fit.median_relative_error:.0%} (median), "
+                f"{fit.max_relative_error:.0%} (max)"
+            )
             title = (
                 f"{name}: α = {fit.alpha * 1e6:.0f} µs, B = {fit.bandwidth / 1e9:.2g} GB/s\n"
-                f"fit off by {fit.median_relative_error:.0%} (median), "
-                f"{fit.max_relative_error:.0%} (max)"
+                f"fit {errors}"
+                if fit.is_a_fit
+                else f"{name}: least squares, not a fit\n{errors}"
             )
         elif other is not None:
             title = f"{name}: no fit\nopen, dotted: {other.replace('_', '-')}"
