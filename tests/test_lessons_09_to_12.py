@@ -289,6 +289,8 @@ def test_lesson_12_communication_costs():
         "hand_ring",
         "deadlock",
         "(step_widget.controls['world_size'].value, NVLINK.latency, NVLINK.link_bandwidth)",
+        "{k: (s.math, s.comm, s.overlapped, s.hidden) "
+        "for k, s in step_widget.last_result.steps.items()}",
     ]
     nb, v = run_lesson(lesson(12), fetch)
     import statistics
@@ -390,7 +392,19 @@ def test_lesson_12_communication_costs():
     _lesson_12_compute_against_communication(v, markdown)
     assert v[SMALLEST_TEXT.format("cost_picture")] >= 9
     # the widget prices the collectives on the NVLink machine, not on gloo's least squares
-    assert v[fetch[-1]] == [4, 3e-6, 450e9]
+    assert v[fetch[-2]] == [4, 3e-6, 450e9]
+    tokens, hidden, P, _, seconds_step = v[fetch[6]]
+    widget_steps = v[
+        "{k: (s.math, s.comm, s.overlapped, s.hidden) "
+        "for k, s in step_widget.last_result.steps.items()}"
+    ]
+    for name, (t_math, t_comm, t_step, hides) in widget_steps.items():
+        assert t_math == pytest.approx(12 * tokens * hidden * 4 * hidden / P / 989e12)
+        assert t_comm == pytest.approx(seconds_step[name])
+        assert t_step == pytest.approx(
+            t_math / 3 + max(2 * t_math / 3, t_comm) if name == "data parallel" else t_math + t_comm
+        )
+        assert hides is (name == "data parallel" and t_comm <= 2 * t_math / 3)
     assert _images(nb) == 2  # the fit and compute against communication; the widget draws bars
 
 

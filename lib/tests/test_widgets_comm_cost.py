@@ -85,3 +85,27 @@ def test_widget_at_both_ends(sweep):
         assert cost.tokens == 2 ** widget.controls["log2_tokens"].value, (name, value)
         assert cost.world_size == widget.controls["world_size"].value
         assert cost.total_bytes("tensor parallel") == cost.total_bytes("sequence parallel")
+
+
+def test_with_a_processor_the_table_sets_the_arithmetic_against_the_collectives():
+    from chainrule.costs import compute_cost as kc
+
+    cost = cw.step_cost(16, 1024, 8, alpha=3e-6, bandwidth=450e9, flops=989e12)
+    assert cost.steps is not None
+    machine = kc.Machine("", 989e12, float("inf"), link_bandwidth=450e9, latency=3e-6)
+    for name, step in cost.steps.items():
+        assert step == kc.step_time(name, 1 << 16, 1024, 4096, 8, machine)
+        assert step.comm == pytest.approx(cost.seconds[name])  # the same collectives priced
+    table = cw.step_table(cost)
+    assert table.count("white-space: nowrap") == 8 and "T_math, ms" in table
+    assert "<td" in table and ">yes<" in table and ">no<" in table  # data parallel hides here
+    assert cw.step_cost(14, 1024, 8, alpha=3e-6, bandwidth=450e9).steps is None
+
+
+def test_widget_with_a_processor_at_both_ends(sweep):
+    widget = cw.build_step_cost_widget(3e-6, 450e9, flops=989e12)
+    for name, value in sweep(widget):
+        cost = widget.last_result
+        assert cost.steps is not None, (name, value)
+        assert all(s.math > 0 and s.overlapped >= s.math for s in cost.steps.values())
+        assert "T_math, ms" in widget.table.value
