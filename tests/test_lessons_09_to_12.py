@@ -286,7 +286,7 @@ def test_lesson_12_communication_costs():
         "hide_tokens",
         "match_width",
         SMALLEST_TEXT.format("cost_picture"),
-        "hand_ring",
+        "{f'{k[0]} {k[1]}': r for k, r in hand_ring.items()}",
         "deadlock",
         "(step_widget.controls['world_size'].value, NVLINK.latency, NVLINK.link_bandwidth)",
         "{k: (s.math, s.comm, s.overlapped, s.hidden) "
@@ -483,10 +483,10 @@ def _lesson_12_compute_against_communication(v, markdown):
     )
     assert f"$d \\ge$ {width[ib]:,.0f}" in markdown and f"$d \\ge$ {width[nv]:,.0f}" in markdown
     # the ring all-reduce written from send and recv
-    ring = v["hand_ring"]
-    assert set(ring) == {"2", "3", "4", "5"}
-    for P_, (gap, messages, sent, model, steps_) in ring.items():
-        P_ = int(P_)
+    ring = v["{f'{k[0]} {k[1]}': r for k, r in hand_ring.items()}"]
+    assert set(ring) == {"sim 2", "sim 3", "sim 4", "sim 5", "gloo 3"}
+    for key, (gap, messages, sent, model, steps_) in ring.items():
+        P_ = int(key.split()[1])
         assert gap < 1e-12
         assert messages == [2 * (P_ - 1)] * P_ and steps_ == 2 * (P_ - 1)
         assert sent == [2 * (P_ - 1) / P_ * 480] * P_ and model == 2 * (P_ - 1) / P_ * 480
