@@ -52,6 +52,20 @@ def test_fits_are_drawn_per_collective():
     assert len(titles) == 3 and "α = 300 µs" in titles[0]
     assert "off by 0% (median), 0% (max)" in titles[0]  # the fit's error is on the picture
     assert titles[2].startswith("reduce-scatter: no fit") and "all-reduce" in titles[2]
+    # a least-squares line far from its points is drawn, but not called a fit
+    noisy = [
+        cc.Measurement(
+            m.op,
+            m.world_size,
+            m.nbytes,
+            m.seconds * (10 if (m.world_size == 2) == (m.nbytes > 1 << 10) else 1),
+        )
+        for m in measurements
+    ]
+    loose = cc.fit(noisy, "all_reduce")
+    assert not loose.is_a_fit and fits["all_reduce"].is_a_fit
+    title = cw.plot_fits(noisy, {"all_reduce": loose}).axes[0].get_title()
+    assert title.startswith("all-reduce: least squares, not a fit\noff by ") and "α" not in title
     # the unfitted panel: its own points (filled) and the other collective's (open, dotted)
     lines = figure.axes[2].get_lines()
     assert [line.get_markerfacecolor() == "none" for line in lines] == [False, True] * 2
@@ -71,3 +85,27 @@ def test_widget_at_both_ends(sweep):
         assert cost.tokens == 2 ** widget.controls["log2_tokens"].value, (name, value)
         assert cost.world_size == widget.controls["world_size"].value
         assert cost.total_bytes("tensor parallel") == cost.total_bytes("sequence parallel")
+
+
+def test_with_a_processor_the_table_sets_the_arithmetic_against_the_collectives():
+    from chainrule.costs import compute_cost as kc
+
+    cost = cw.step_cost(16, 1024, 8, alpha=3e-6, bandwidth=450e9, flops=989e12)
+    assert cost.steps is not None
+    machine = kc.Machine("", 989e12, float("inf"), link_bandwidth=450e9, latency=3e-6)
+    for name, step in cost.steps.items():
+        assert step == kc.step_time(name, 1 << 16, 1024, 4096, 8, machine)
+        assert step.comm == pytest.approx(cost.seconds[name])  # the same collectives priced
+    table = cw.step_table(cost)
+    assert table.count("white-space: nowrap") == 8 and "T_math, ms" in table
+    assert "<td" in table and ">yes<" in table and ">no<" in table  # data parallel hides here
+    assert cw.step_cost(14, 1024, 8, alpha=3e-6, bandwidth=450e9).steps is None
+
+
+def test_widget_with_a_processor_at_both_ends(sweep):
+    widget = cw.build_step_cost_widget(3e-6, 450e9, flops=989e12)
+    for name, value in sweep(widget):
+        cost = widget.last_result
+        assert cost.steps is not None, (name, value)
+        assert all(s.math > 0 and s.overlapped >= s.math for s in cost.steps.values())
+        assert "T_math, ms" in widget.table.value

@@ -182,6 +182,10 @@ class Measurement:
     seconds: float
 
 
+FIT_MEDIAN_ERROR, FIT_MAX_ERROR = 0.10, 0.25
+"""The errors up to which a least-squares α and B are called a fit (:attr:`Fit.is_a_fit`)."""
+
+
 @dataclass(frozen=True)
 class Fit:
     """α (seconds per step) and B (bytes per second) of one collective, fitted by least squares
@@ -195,6 +199,16 @@ class Fit:
 
     def predict(self, nbytes: float, world_size: int) -> float:
         return alpha_beta_time(self.op, nbytes, world_size, self.alpha, self.bandwidth)
+
+    @property
+    def is_a_fit(self) -> bool:
+        """Whether the model describes the measurements: median relative error at most
+        :data:`FIT_MEDIAN_ERROR` and largest at most :data:`FIT_MAX_ERROR`. Otherwise α and B
+        are only the least-squares compromise of times the model cannot follow."""
+        return (
+            self.median_relative_error <= FIT_MEDIAN_ERROR
+            and self.max_relative_error <= FIT_MAX_ERROR
+        )
 
 
 def fit(measurements: Sequence[Measurement], op: str) -> Fit:

@@ -31,7 +31,9 @@ def _raw_calls(td: Any, whole: Any, world_size: int) -> dict[str, Any]:
 
 
 def _time_on_rank(sizes: Sequence[int], ops: Sequence[str], repeat: int) -> list[tuple]:
-    """SPMD (torch backend): the median seconds of each raw collective at each size, rank 0's."""
+    """SPMD (torch backend): the median seconds of each raw collective at each size, rank 0's;
+    the collectives are called in turn within each repeat, so that they are compared under the
+    same load."""
     import torch
     import torch.distributed as td
 
@@ -41,15 +43,15 @@ def _time_on_rank(sizes: Sequence[int], ops: Sequence[str], repeat: int) -> list
         elements = max(P, nbytes // 4 // P * P)  # float32, divisible into P slices
         calls = _raw_calls(td, torch.zeros(elements, dtype=torch.float32), P)
         for op in ops:
-            call = calls[op]
-            call()  # warm-up: the first call of a size sets up buffers
-            samples = []
-            for _ in range(repeat):
+            calls[op]()  # warm-up: the first call of a size sets up buffers
+        samples: dict[str, list[float]] = {op: [] for op in ops}
+        for _ in range(repeat):  # the collectives take turns, so a busy moment slows them all
+            for op in ops:
                 td.barrier()
                 start = time.perf_counter()
-                call()
-                samples.append(time.perf_counter() - start)
-            results.append((op, P, elements * 4, float(np.median(samples))))
+                calls[op]()
+                samples[op].append(time.perf_counter() - start)
+        results += [(op, P, elements * 4, float(np.median(samples[op]))) for op in ops]
     return results
 
 

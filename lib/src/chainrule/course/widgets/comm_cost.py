@@ -21,6 +21,7 @@ import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
 
+from chainrule.costs import compute_cost as kc
 from chainrule.costs.comm_cost import Fit, Measurement, alpha_beta_time, ring_bytes
 from chainrule.course.widgets.live_widget import LiveWidget
 from chainrule.parallel import sharded as sh
@@ -43,7 +44,9 @@ def plot_fits(
     against: Mapping[str, str] | None = None,
 ) -> Figure:
     """One log-log panel per measured collective: its medians (dots), one colour per number of
-    ranks, and the fitted model (lines, the fit's errors in the title) where ``fits`` has one.
+    ranks, and the fitted model (lines, the fit's errors in the title) where ``fits`` has one;
+    one that is not a fit (:attr:`~chainrule.costs.comm_cost.Fit.is_a_fit`) is titled so, with
+    no α and B in its title.
 
     A collective without a fit is drawn against another one's measurements (``against``: op →
     op, open circles joined by dotted lines), e.g. gloo's reduce-scatter against its all-reduce.
@@ -69,10 +72,15 @@ def plot_fits(
                           color=colour, ms=5, mfc="none", lw=1)  # fmt: skip
         name = op.replace("_", "-")
         if fit is not None:
+            errors = (
+                f"off by {fit.median_relative_error:.0%} (median), "
+                f"{fit.max_relative_error:.0%} (max)"
+            )
             title = (
                 f"{name}: α = {fit.alpha * 1e6:.0f} µs, B = {fit.bandwidth / 1e9:.2g} GB/s\n"
-                f"fit off by {fit.median_relative_error:.0%} (median), "
-                f"{fit.max_relative_error:.0%} (max)"
+                f"fit {errors}"
+                if fit.is_a_fit
+                else f"{name}: least squares, not a fit\n{errors}"
             )
         elif other is not None:
             title = f"{name}: no fit\nopen, dotted: {other.replace('_', '-')}"
@@ -144,22 +152,32 @@ def step_communication(
 
 @dataclass(frozen=True)
 class StepCost:
-    """Bytes per rank and model time of one step, for each parallelism."""
+    """Bytes per rank and model time of one step, for each parallelism; with a processor's
+    FLOP/s, also each rank's arithmetic and the step (:class:`~chainrule.costs.compute_cost.
+    StepTime`)."""
 
     tokens: int
     hidden: int
     world_size: int
     rows: dict[str, list[tuple[str, str, str, float]]]
     seconds: dict[str, float]
+    steps: dict[str, kc.StepTime] | None = None
 
     def total_bytes(self, parallelism: str) -> float:
         return sum(b for *_, b in self.rows[parallelism])
 
 
 def step_cost(
-    log2_tokens: int, hidden: int, world_size: int, alpha: float, bandwidth: float
+    log2_tokens: int,
+    hidden: int,
+    world_size: int,
+    alpha: float,
+    bandwidth: float,
+    flops: float | None = None,
 ) -> StepCost:
-    """The three parallelisms for ``2**log2_tokens`` tokens, width ``hidden`` (MLP 4×), bf16."""
+    """The three parallelisms for ``2**log2_tokens`` tokens, width ``hidden`` (MLP 4×), bf16;
+    with ``flops`` (peak FLOP/s per rank), each step's arithmetic against its collectives by
+    :func:`chainrule.costs.compute_cost.step_time`."""
     tokens = 2**log2_tokens
     rows = {
         name: step_communication(name, tokens, hidden, 4 * hidden, world_size)
@@ -171,7 +189,14 @@ def step_cost(
             alpha_beta_time(op, b / ring_bytes(op, 1.0, world_size), world_size, alpha, bandwidth)
             for _, op, _, b in comm
         )
-    return StepCost(tokens, hidden, world_size, rows, seconds)
+    steps = None
+    if flops is not None:
+        machine = kc.Machine("", flops, float("inf"), link_bandwidth=bandwidth, latency=alpha)
+        steps = {
+            name: kc.step_time(name, tokens, hidden, 4 * hidden, world_size, machine)
+            for name in PARALLELISMS
+        }
+    return StepCost(tokens, hidden, world_size, rows, seconds, steps)
 
 
 def _mib(nbytes: float) -> str:
@@ -188,16 +213,23 @@ def step_table(cost: StepCost) -> str:
             or "none"
             for when in ("forward", "backward")
         ]  # fmt: skip
-        rows.append(
-            (name, *passes, _mib(cost.total_bytes(name)), f"{cost.seconds[name] * 1e3:.1f}")
-        )
+        row = [name, *passes, _mib(cost.total_bytes(name)), f"{cost.seconds[name] * 1e3:.3g}"]
+        if cost.steps is not None:
+            step = cost.steps[name]
+            row += [
+                f"{step.math * 1e3:.3g}",
+                f"{step.overlapped * 1e3:.3g}",
+                "yes" if step.hidden else "no",
+            ]
+        rows.append(row)
     head = (
         f"<p style='margin: 0 0 4px 0; line-height: 1.4'>One MLP block (d = {cost.hidden}, "
         f"MLP width 4d, bf16), {cost.tokens:,} tokens, P = {cost.world_size}.</p>"
     )
-    return head + compact_table(
-        ["parallelism", "forward", "backward", "MiB per rank", "ms, model"], rows
-    )
+    header = ["parallelism", "forward", "backward", "MiB per rank", "T_comm, ms"]
+    if cost.steps is not None:
+        header += ["T_math, ms", "step, ms", "hidden"]
+    return head + compact_table(header, rows)
 
 
 def compact_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -232,11 +264,14 @@ def plot_step_cost(cost: StepCost) -> Figure:
     return figure
 
 
-def build_step_cost_widget(alpha: float, bandwidth: float) -> LiveWidget:
-    """Sliders for the tokens per step (2^8 to 2^16), the width and P; α and B from a fit."""
+def build_step_cost_widget(
+    alpha: float, bandwidth: float, flops: float | None = None
+) -> LiveWidget:
+    """Sliders for the tokens per step (2^8 to 2^16), the width and P; the network's α and B,
+    and with ``flops`` the processor's peak, for the step's arithmetic."""
 
     def compute(log2_tokens: int, hidden: int, world_size: int) -> StepCost:
-        return step_cost(log2_tokens, hidden, world_size, alpha, bandwidth)
+        return step_cost(log2_tokens, hidden, world_size, alpha, bandwidth, flops)
 
     controls = {
         "log2_tokens": ipywidgets.IntSlider(value=12, min=8, max=16, description="log₂ tokens"),
