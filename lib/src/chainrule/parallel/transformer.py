@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from chainrule import dist
 from chainrule.dist.chunks import chunk
 from chainrule.engine import ops
 from chainrule.engine.optim import SGD
+from chainrule.engine.recompute import checkpoint
 from chainrule.engine.tensor import Tensor
 from chainrule.parallel import duality
 from chainrule.parallel.data_parallel import DataParallel
@@ -152,17 +154,29 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
     return out.transpose(0, 2, 1, 3).reshape(batch, tokens, width)
 
 
+RECOMPUTE = ("none", "full", "selective")
+"""What :func:`loss` recomputes in the backward instead of storing: nothing; every block
+(only the residual stream between blocks is stored); or the attention core of every block
+(scores, softmax and its product with the values), whose (tokens × tokens) arrays per head
+are the largest activations of a block and cost no parameter to recompute."""
+
+
 def loss(
     params: dict[str, Tensor],
     windows: np.ndarray,
     config: Config,
     tp_group: dist.Group | None = None,
+    recompute: str = "none",
 ) -> Tensor:
     """The mean next-token cross-entropy of ``windows`` (batch, context + 1).
 
     ``params``: this rank's parameters (whole, or its tensor-parallel part); ``tp_group``: the
-    ranks that share the cut matrices (None: one process, f and f̄ are the identity).
+    ranks that share the cut matrices (None: one process, f and f̄ are the identity);
+    ``recompute``: one of :data:`RECOMPUTE`, the same loss and gradients with less stored
+    (:func:`chainrule.engine.recompute.checkpoint`).
     """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"loss: recompute must be one of {RECOMPUTE}, not {recompute!r}")
     f: Callable[[Tensor], Tensor] = identity
     f_bar: Callable[[Tensor], Tensor] = identity
     heads = config.heads
@@ -170,15 +184,24 @@ def loss(
         f = lambda x: duality.copy_to_ranks(x, tp_group)  # noqa: E731
         f_bar = lambda x: duality.reduce_from_ranks(x, tp_group)  # noqa: E731
         heads //= len(tp_group)
+
+    def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return causal_attention(q, k, v, heads)
+
+    def block(x: Tensor, p: dict[str, Tensor]) -> Tensor:
+        a = f(ops.rms_norm(x, p["norm1"]))  # f: the replicated activations enter the heads
+        qkv = (a @ p["wq"], a @ p["wk"], a @ p["wv"])
+        heads_out = checkpoint(attention, *qkv) if recompute == "selective" else attention(*qkv)
+        x = x + f_bar(heads_out @ p["wo"])  # f̄: the heads' partial outputs are added
+        m = f(ops.rms_norm(x, p["norm2"]))
+        return x + f_bar((m @ p["w1"]).tanh() @ p["w2"])
+
     inputs, targets = windows[:, :-1], windows[:, 1:]
     x = params["embed"][inputs] + params["position"]
     for layer in range(config.layers):
         p = {name: params[f"{layer}.{name}"] for name in ("norm1", *SHARD_AXIS, "norm2")}
-        a = f(ops.rms_norm(x, p["norm1"]))  # f: the replicated activations enter the heads
-        heads_out = causal_attention(a @ p["wq"], a @ p["wk"], a @ p["wv"], heads)
-        x = x + f_bar(heads_out @ p["wo"])  # f̄: the heads' partial outputs are added
-        m = f(ops.rms_norm(x, p["norm2"]))
-        x = x + f_bar((m @ p["w1"]).tanh() @ p["w2"])
+        # A checkpoint's function may read parameters from its closure, as torch's may.
+        x = checkpoint(partial(block, p=p), x) if recompute == "full" else block(x, p)
     logits = ops.rms_norm(x, params["norm"]) @ params["head"]
     return ops.cross_entropy(logits, targets)
 
