@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from chainrule import dist
 from chainrule.engine import ops
 from chainrule.engine.gradcheck import gradcheck
 from chainrule.engine.layers import MLP
@@ -231,3 +232,30 @@ def test_count_ops_counts_with_the_graph_off_too():
     with count_ops() as counts, no_grad():
         ops.exp(Tensor(np.ones(2))) + 1.0
     assert counts == {"exp": 1, "add": 1} and evaluations(counts) == 2
+
+
+def test_recomputed_blocks_run_their_collectives_again_on_a_tensor_parallel_row():
+    config = tf.Config(vocab=11, context=8, width=16, heads=2, layers=2, hidden=24)
+    weights = tf.init_weights(config, seed=1)
+    windows = np.random.default_rng(9).integers(0, config.vocab, size=(2, config.context + 1))
+
+    def rank_step(mode: str) -> dict[str, np.ndarray]:
+        g = dist.grid(1, 2)
+        local = tf.shard_weights(weights, g.tp_rank, 2)
+        params = {n: Tensor(w, requires_grad=True) for n, w in local.items()}
+        tf.loss(params, windows, config, g.tp_group, recompute=mode).backward()
+        return {n: p.grad for n, p in params.items()}
+
+    grads, collectives = {}, {}
+    for mode in tf.RECOMPUTE:
+        trace = dist.Trace()
+        grads[mode] = dist.run(rank_step, 2, args=(mode,), trace=trace)
+        collectives[mode] = trace.ops()
+    for mode in ("full", "selective"):
+        for rank in range(2):
+            plain, recomputed = grads["none"][rank], grads[mode][rank]
+            assert all(np.array_equal(plain[n], recomputed[n]) for n in plain), (mode, rank)
+    # per block two f̄ forward and two f backward; a recomputed block runs its two f̄ again
+    assert collectives["none"] == collectives["selective"]
+    assert collectives["none"].count("all_reduce") == 4 * config.layers
+    assert collectives["full"].count("all_reduce") == 6 * config.layers
