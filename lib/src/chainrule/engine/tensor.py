@@ -126,8 +126,10 @@ class Tensor:
             out.requires_grad = False
             out._parents = ()
             out._vjp = None
-        for observe in _op_observers.get():
-            observe(out, parents)
+        observers = _op_observers.get()
+        if observers:  # only while something watches (recomputation, counting): else free
+            for observe in observers:
+                observe(out, parents)
         return out
 
     @property
@@ -318,7 +320,7 @@ def backpropagate(
         g = grads.pop(node, None)
         if g is None:  # no path carried a gradient here (every VJP on the way gave None)
             continue
-        if node in stop:
+        if stop and node in stop:
             stopped[node] = g
             continue
         if node._vjp is None or node._retain:
@@ -363,7 +365,7 @@ def topological_order(
             continue
         visited.add(node)
         stack.append((node, True))
-        if node in stop:
+        if stop and node in stop:
             continue
         for parent in reversed(node._parents):
             if (parent.requires_grad or not requires_grad_only) and parent not in visited:
