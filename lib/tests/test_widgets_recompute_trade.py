@@ -24,17 +24,22 @@ def test_every_control_at_both_ends(sweep):
     widget = rt.build_recompute_widget()
     for _name, _value in sweep(widget):
         result = widget.last_result
-        assert result.segments <= result.depth == widget.controls["segments"].max
+        asked = widget.controls["segments"].value
+        assert result.requested == asked and result.segments == min(asked, result.depth)
+        assert (f"k = {asked} is more than" in widget.table.value) == (asked > result.depth)
         for k, m in result.by_segments.items():
             assert (m.saved_bytes, m.peak_bytes, m.recomputed_ops) == expected(result.depth, k)
             assert m.forward_ops == 4 * result.depth + 2
-        assert f"Lowest peak at {result.lowest_peak} segments" in widget.table.value
+        best = result.lowest_peak
+        assert f"Lowest peak at {best} segment{'s' if best > 1 else ''};" in widget.table.value
 
 
-def test_a_deeper_k_than_the_depth_is_moved_down_with_the_depth():
+def test_more_segments_than_layers_means_one_layer_per_segment():
     widget = rt.build_recompute_widget(depth=16, segments=12)
     widget.controls["depth"].value = 5
-    assert widget.values() == {"depth": 5, "segments": 5} and not widget.error
+    assert widget.values() == {"depth": 5, "segments": 12} and not widget.error
+    assert widget.last_result.segments == 5
+    assert widget.last_result.chosen == widget.last_result.by_segments[5]
 
 
 def test_the_gradients_do_not_depend_on_the_segments_and_the_deepest_picture_is_readable():

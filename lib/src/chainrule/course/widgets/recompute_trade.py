@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import ipywidgets  # type: ignore[import-untyped]
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from chainrule.course.widgets.live_widget import LiveWidget
 from chainrule.course.widgets.tables import html_table
@@ -57,11 +58,13 @@ def mlp_step(depth: int, segments: int | None, rows: int = ROWS, width: int = WI
 
 @dataclass(frozen=True)
 class Trade:
-    """For a depth, the measurement at every number of segments 1 … depth, and the chosen one."""
+    """For a depth, the measurement at every number of segments 1 … depth, and the chosen one
+    (``requested``, at most ``depth``: a segment holds at least one layer)."""
 
     depth: int
     segments: int
     by_segments: dict[int, StepMeasurement]
+    requested: int
 
     @property
     def chosen(self) -> StepMeasurement:
@@ -79,10 +82,16 @@ class Trade:
 
 
 def trade(depth: int, segments: int) -> Trade:
-    """Measure the MLP of ``depth`` layers at every number of segments; ``segments`` chosen."""
-    if not 1 <= segments <= depth:
-        raise ValueError(f"the segments must lie between 1 and the depth {depth}, not {segments}")
-    return Trade(depth, segments, {k: mlp_step(depth, k)[0] for k in range(1, depth + 1)})
+    """Measure the MLP of ``depth`` layers at every number of segments; ``segments`` chosen
+    (more segments than layers means one layer per segment)."""
+    if depth < 1 or segments < 1:
+        raise ValueError(f"the depth and the segments must be at least 1, not {depth}, {segments}")
+    by_segments = {k: mlp_step(depth, k)[0] for k in range(1, depth + 1)}
+    return Trade(depth, min(segments, depth), by_segments, segments)
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def kilobytes(nbytes: float) -> str:
@@ -101,9 +110,16 @@ def render_table(result: Trade) -> str:
         ["extra forward work", f"{result.extra_work(1):.0%}",
          f"{result.extra_work(result.segments):.0%}"],
     ]  # fmt: skip
-    header = ["", "1 segment (nothing recomputed)", f"{result.segments} segments"]
+    header = ["", "1 segment (nothing recomputed)", plural(result.segments, "segment")]
+    capped = (
+        f" (k = {result.requested} is more than the L = {result.depth} layers: one layer per "
+        "segment)"
+        if result.requested > result.depth
+        else ""
+    )
     note = (
-        f"<p>Lowest peak at {result.lowest_peak} segments; √L = {math.sqrt(result.depth):.1f}.</p>"
+        f"<p>Lowest peak at {plural(result.lowest_peak, 'segment')}; "
+        f"√L = {math.sqrt(result.depth):.1f}{capped}.</p>"
     )
     return html_table(header, rows) + note
 
@@ -125,6 +141,7 @@ def plot_trade(result: Trade) -> Figure:
     ax.set_xlabel(f"segments k (depth L = {result.depth}, √L = {math.sqrt(result.depth):.1f})",
                   fontsize=9)  # fmt: skip
     ax.set_ylabel("activations, kB", fontsize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1.1 * max(peak))
     ax.tick_params(labelsize=9)
     ax.grid(True, alpha=0.3)
@@ -147,15 +164,12 @@ def plot_trade(result: Trade) -> Figure:
 
 
 def build_recompute_widget(depth: int = 16, segments: int = 4) -> LiveWidget:
-    """Sliders for the depth L and the number of checkpointed segments k; k's slider ends at L."""
-    depth_slider = ipywidgets.IntSlider(value=depth, min=2, max=MAX_DEPTH, description="depth L")
-    segments_slider = ipywidgets.IntSlider(
-        value=segments, min=1, max=depth, description="segments k"
-    )
-
-    def follow(change: dict[str, int]) -> None:  # runs before the widget's own update
-        segments_slider.max = change["new"]  # a larger k is moved down to L
-
-    depth_slider.observe(follow, names="value")
-    controls = {"depth": depth_slider, "segments": segments_slider}
+    """Sliders for the depth L and the number of checkpointed segments k (a k above L counts as
+    L: one layer per segment)."""
+    controls = {
+        "depth": ipywidgets.IntSlider(value=depth, min=2, max=MAX_DEPTH, description="depth L"),
+        "segments": ipywidgets.IntSlider(
+            value=segments, min=1, max=MAX_DEPTH, description="segments k"
+        ),
+    }
     return LiveWidget(controls, trade, render_table, plot_trade)
