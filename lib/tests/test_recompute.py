@@ -259,3 +259,15 @@ def test_recomputed_blocks_run_their_collectives_again_on_a_tensor_parallel_row(
     assert collectives["none"] == collectives["selective"]
     assert collectives["none"].count("all_reduce") == 4 * config.layers
     assert collectives["full"].count("all_reduce") == 6 * config.layers
+
+
+def test_a_checkpoint_is_drawn_as_a_node_of_its_own_kind():
+    from chainrule.course.graph import Graph, draw
+
+    w = Tensor(np.array([0.5, -1.0]), requires_grad=True)
+    loss = checkpoint(lambda t: ops.tanh(t * w), Tensor(np.array([1.0, 2.0]))).sum()
+    graph = Graph.from_tensor(loss)
+    (node,) = [n for n in graph.nodes if n.op == CHECKPOINT_OP]
+    assert node.kind == "checkpoint" and "recomputed in the backward" in node.lines
+    assert node.grad is not None  # the drawing's gradients run the checkpoint's VJP too
+    assert draw(loss).smallest_text_px() >= 9
