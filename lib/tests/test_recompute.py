@@ -271,3 +271,16 @@ def test_a_checkpoint_is_drawn_as_a_node_of_its_own_kind():
     assert node.kind == "checkpoint" and "recomputed in the backward" in node.lines
     assert node.grad is not None  # the drawing's gradients run the checkpoint's VJP too
     assert draw(loss).smallest_text_px() >= 9
+
+
+def test_arguments_that_are_not_tensors_reach_the_function_as_they_are():
+    x = Tensor(np.array([0.5, 2.0]), requires_grad=True)
+    seen = []
+
+    def power(t: Tensor, n: int, scale: np.ndarray) -> Tensor:
+        seen.append((type(n), type(scale)))
+        return (t**n) * scale
+
+    checkpoint(power, x, 3, np.array([1.0, -1.0])).sum().backward()
+    assert seen == [(int, np.ndarray)] * 2  # the forward and the run in the backward
+    np.testing.assert_array_equal(x.grad, 3 * x.data**2 * np.array([1.0, -1.0]))

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 import numpy as np
 
@@ -66,13 +67,15 @@ def observe_rebuilds(rebuilt: Rebuilt, dropped: Dropped) -> Iterator[None]:
         _rebuild_observers.reset(token)
 
 
-def checkpoint(function: Callable[..., Tensor], *inputs: ArrayLike) -> Tensor:
+def checkpoint(function: Callable[..., Tensor], *inputs: Any) -> Tensor:
     """``function(*inputs)``, with ``function``'s intermediate values recomputed in the backward
     instead of stored.
 
-    Forward: ``function`` runs with the graph off (:func:`no_grad`), watched
-    (:func:`observe_ops`) to find every tensor it reads that needs a gradient and that it did
-    not compute itself: the inputs, and the parameters it reads from its closure. They become
+    ``inputs`` are handed to ``function`` as they are (tensors, arrays, numbers, anything) and
+    kept for the second run. Forward: ``function`` runs with the graph off (:func:`no_grad`),
+    watched (:func:`observe_ops`) to find every tensor it reads that needs a gradient and that
+    it did not compute itself: the inputs, and the parameters it reads from its closure. They
+    become
     the parents of one ``checkpoint`` node holding the output; the node keeps its parents and
     ``function``, nothing computed inside.
 
@@ -80,7 +83,7 @@ def checkpoint(function: Callable[..., Tensor], *inputs: ArrayLike) -> Tensor:
     the output of the forward, and backpropagate ``ȳ`` through the rebuilt graph to the parents
     (:func:`backpropagate` stopping there); return their gradients; drop the rebuilt graph.
     """
-    args = tuple(operand(x) for x in inputs)
+    args = inputs  # handed to function as given, tensors or not (as torch does)
     made: set[int] = set()  # ids of the tensors function computes (alive or not)
     read: dict[int, Tensor] = {}  # what it reads that it did not compute and needs a gradient
 
