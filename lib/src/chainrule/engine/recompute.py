@@ -75,9 +75,8 @@ def checkpoint(function: Callable[..., Tensor], *inputs: Any) -> Tensor:
     kept for the second run. Forward: ``function`` runs with the graph off (:func:`no_grad`),
     watched (:func:`observe_ops`) to find every tensor it reads that needs a gradient and that
     it did not compute itself: the inputs, and the parameters it reads from its closure. They
-    become
-    the parents of one ``checkpoint`` node holding the output; the node keeps its parents and
-    ``function``, nothing computed inside.
+    become the parents of one ``checkpoint`` node holding the output; the node keeps them, the
+    inputs and ``function``, nothing computed inside.
 
     Backward (the node's VJP): run ``function`` again with the graph on, check that it gives
     the output of the forward, and backpropagate ``ȳ`` through the rebuilt graph to the parents
