@@ -9,6 +9,10 @@ are the two rules of split graphs:
 - **routing** nodes (concat, split, stack), which move values without arithmetic: their VJP
   only routes gradient slices back (rule 2).
 
+A **checkpoint** node (a part of the graph that keeps only its inputs and output, and is run
+again in the backward: :func:`chainrule.engine.recompute.checkpoint`) is marked too, labelled
+``recomputed in the backward``.
+
 Like micrograd's drawing, every node shows its value (``data``) and the gradient of the loss
 with respect to it (``grad``). The gradients are the engine's own VJPs run once more from
 the root (:func:`node_gradients`), so intermediate values show theirs too, not only the
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from chainrule.engine.recompute import CHECKPOINT_OP
 from chainrule.engine.tensor import Tensor, topological_order
 
 if TYPE_CHECKING:
@@ -50,6 +55,7 @@ COLOURS = {
     "op": ("#ffffff", "#374151"),
     "routing": ("#dcfce7", "#15803d"),
     "fan-out": ("#ffedd5", "#c2410c"),
+    "checkpoint": ("#ede9fe", "#6d28d9"),
 }
 LEGEND_TEXT = {
     "parameter": "parameter",
@@ -57,6 +63,7 @@ LEGEND_TEXT = {
     "op": "operation",
     "routing": "routing (concat / split / stack)",
     "fan-out": "fan-out (Σ of gradients)",
+    "checkpoint": "checkpoint (run again in the backward)",
 }
 
 DPI = 100
@@ -133,12 +140,21 @@ class Node:
         return self.fan_out > 1 and self.requires_grad
 
     @property
+    def is_checkpoint(self) -> bool:
+        """A part of the graph kept as one node and run again in the backward
+        (:func:`chainrule.engine.recompute.checkpoint`)."""
+        return self.op == CHECKPOINT_OP
+
+    @property
     def kind(self) -> str:
-        """``fan-out``, ``routing``, ``parameter``, ``constant`` or ``op`` (first that applies)."""
+        """``fan-out``, ``routing``, ``checkpoint``, ``parameter``, ``constant`` or ``op`` (first
+        that applies)."""
         if self.sums_gradients:
             return "fan-out"
         if self.is_routing:
             return "routing"
+        if self.is_checkpoint:
+            return "checkpoint"
         if self.is_leaf:
             return "parameter" if self.requires_grad else "constant"
         return "op"
@@ -167,6 +183,8 @@ class Node:
             lines.append(f"grad {format_array(self.grad)}")
         if self.is_routing:
             lines.append("routing")
+        if self.is_checkpoint:
+            lines.append("recomputed in the backward")
         if self.sums_gradients:
             lines.append(f"Σ fan-out ×{self.fan_out}")
         return lines

@@ -14,7 +14,7 @@ the gradient (for concatenation, that VJP is a split; see :func:`chainrule.engin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, cast
@@ -23,12 +23,14 @@ import numpy as np
 
 ArrayLike = Any  # anything np.asarray accepts
 VJP = Callable[[np.ndarray], Sequence[np.ndarray | None]]
+OpObserver = Callable[["Tensor", Sequence["Tensor"]], None]
 
 DEFAULT_DTYPE = np.float64
 
 # A context variable, not a global: every simulated rank (a thread or a coroutine of its own)
 # has its own grad mode.
 _grad_enabled: ContextVar[bool] = ContextVar("chainrule_grad_enabled", default=True)
+_op_observers: ContextVar[tuple[OpObserver, ...]] = ContextVar("chainrule_op_observers", default=())
 
 
 def is_grad_enabled() -> bool:
@@ -44,6 +46,28 @@ def no_grad() -> Iterator[None]:
         yield
     finally:
         _grad_enabled.reset(token)
+
+
+@contextmanager
+def enable_grad() -> Iterator[None]:
+    """Record the graph again, also inside :func:`no_grad` (per rank, like ``no_grad``)."""
+    token = _grad_enabled.set(True)
+    try:
+        yield
+    finally:
+        _grad_enabled.reset(token)
+
+
+@contextmanager
+def observe_ops(observer: OpObserver) -> Iterator[None]:
+    """Call ``observer(out, parents)`` for every operation evaluated in this block, with grad
+    mode on or off: how :func:`chainrule.engine.recompute.checkpoint` finds the tensors a
+    function reads and :func:`chainrule.engine.memory.count_ops` counts the work (per rank)."""
+    token = _op_observers.set((*_op_observers.get(), observer))
+    try:
+        yield
+    finally:
+        _op_observers.reset(token)
 
 
 class Tensor:
@@ -102,6 +126,10 @@ class Tensor:
             out.requires_grad = False
             out._parents = ()
             out._vjp = None
+        observers = _op_observers.get()
+        if observers:  # only while something watches (recomputation, counting): else free
+            for observe in observers:
+                observe(out, parents)
         return out
 
     @property
@@ -153,28 +181,7 @@ class Tensor:
                     f"has shape {self.data.shape}"
                 )
 
-        grads: dict[Tensor, np.ndarray] = {self: seed}
-        for node in reversed(topological_order(self)):
-            g = grads.pop(node, None)
-            if g is None:  # no path carried a gradient here (every VJP on the way gave None)
-                continue
-            if node._vjp is None or node._retain:
-                node.grad = np.asarray(g if node.grad is None else node.grad + g)
-                if node._vjp is None:
-                    continue
-            for parent, pg in zip(node._parents, node._vjp(g), strict=True):
-                if pg is None or not parent.requires_grad:
-                    continue
-                if pg.shape != parent.data.shape:
-                    raise RuntimeError(
-                        f"the VJP of '{node.op}' returned a gradient of shape {pg.shape} "
-                        f"for an input of shape {parent.data.shape}"
-                    )
-                if parent in grads:
-                    # Rule 1, fan-out becomes a sum: a value read k times gets k gradients.
-                    grads[parent] = grads[parent] + pg
-                else:
-                    grads[parent] = pg
+        backpropagate(self, seed)
 
     # -- conveniences -------------------------------------------------------------------
 
@@ -296,9 +303,52 @@ def as_tensor(value: ArrayLike, like: Tensor | None = None) -> Tensor:
     return Tensor(value, dtype=dtype)
 
 
-def topological_order(root: Tensor, requires_grad_only: bool = True) -> list[Tensor]:
+def backpropagate(
+    root: Tensor, seed: np.ndarray, stop: Collection[Tensor] = ()
+) -> dict[Tensor, np.ndarray]:
+    """The backward pass from ``root`` with ``∂L/∂root = seed``: every VJP once, in reverse
+    topological order, each leaf's gradient added to its ``.grad``.
+
+    The walk ends at the tensors of ``stop``: their gradients are returned (a dict, without
+    the tensors no gradient reached), not written to ``.grad``, and the graph behind them is
+    not visited. :meth:`Tensor.backward` stops nowhere;
+    :func:`chainrule.engine.recompute.checkpoint` stops at the inputs of the recomputed part.
+    """
+    stopped: dict[Tensor, np.ndarray] = {}
+    grads: dict[Tensor, np.ndarray] = {root: seed}
+    for node in reversed(topological_order(root, stop=stop)):
+        g = grads.pop(node, None)
+        if g is None:  # no path carried a gradient here (every VJP on the way gave None)
+            continue
+        if stop and node in stop:
+            stopped[node] = g
+            continue
+        if node._vjp is None or node._retain:
+            node.grad = np.asarray(g if node.grad is None else node.grad + g)
+            if node._vjp is None:
+                continue
+        for parent, pg in zip(node._parents, node._vjp(g), strict=True):
+            if pg is None or not parent.requires_grad:
+                continue
+            if pg.shape != parent.data.shape:
+                raise RuntimeError(
+                    f"the VJP of '{node.op}' returned a gradient of shape {pg.shape} "
+                    f"for an input of shape {parent.data.shape}"
+                )
+            if parent in grads:
+                # Rule 1, fan-out becomes a sum: a value read k times gets k gradients.
+                grads[parent] = grads[parent] + pg
+            else:
+                grads[parent] = pg
+    return stopped
+
+
+def topological_order(
+    root: Tensor, requires_grad_only: bool = True, stop: Collection[Tensor] = ()
+) -> list[Tensor]:
     """Every tensor that ``root`` depends on (by default only those that require a gradient:
-    the nodes the backward pass visits), parents first.
+    the nodes the backward pass visits), parents first. A tensor of ``stop`` is listed but
+    what it depends on is not (unless another path reaches it).
 
     Iterative depth-first search, so a chain of any length works; the order depends only on
     the graph, so every rank running the same program visits it identically.
@@ -315,6 +365,8 @@ def topological_order(root: Tensor, requires_grad_only: bool = True) -> list[Ten
             continue
         visited.add(node)
         stack.append((node, True))
+        if stop and node in stop:
+            continue
         for parent in reversed(node._parents):
             if (parent.requires_grad or not requires_grad_only) and parent not in visited:
                 stack.append((parent, False))

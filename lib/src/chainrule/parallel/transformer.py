@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from chainrule import dist
 from chainrule.dist.chunks import chunk
 from chainrule.engine import ops
 from chainrule.engine.optim import SGD
+from chainrule.engine.recompute import checkpoint
 from chainrule.engine.tensor import Tensor
 from chainrule.parallel import duality
 from chainrule.parallel.data_parallel import DataParallel
@@ -152,21 +154,39 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
     return out.transpose(0, 2, 1, 3).reshape(batch, tokens, width)
 
 
+RECOMPUTE = ("none", "full", "selective")
+"""What :func:`loss` recomputes in the backward instead of storing: nothing; every block
+(only the residual stream between blocks is stored); or the attention core of every block
+(scores, softmax and its product with the values), whose (tokens × tokens) arrays per head
+are the largest activations of a block and cost no parameter to recompute."""
+
+
 def loss(
     params: dict[str, Tensor],
     windows: np.ndarray,
     config: Config,
     tp_group: dist.Group | None = None,
+    recompute: str = "none",
 ) -> Tensor:
     """The mean next-token cross-entropy of ``windows`` (batch, context + 1).
 
     ``params``: this rank's parameters (whole, or its tensor-parallel part); ``tp_group``: the
-    ranks that share the cut matrices (None: one process, f and f̄ are the identity).
+    ranks that share the cut matrices (None: one process, f and f̄ are the identity);
+    ``recompute``: one of :data:`RECOMPUTE`, the same loss and gradients with less stored
+    (:func:`chainrule.engine.recompute.checkpoint`).
     """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"loss: recompute must be one of {RECOMPUTE}, not {recompute!r}")
     inputs, targets = windows[:, :-1], windows[:, 1:]
     x = embed(params, inputs)
+    selective = recompute == "selective"
     for layer in range(config.layers):
-        x = block(params, layer, x, config, tp_group)
+        if recompute == "full":
+            # A checkpoint's function may read parameters from its closure, as torch's may.
+            whole_block = partial(block, params, layer, config=config, tp_group=tp_group)
+            x = checkpoint(whole_block, x)
+        else:
+            x = block(params, layer, x, config, tp_group, recompute_attention=selective)
     return head_loss(params, x, targets)
 
 
@@ -181,9 +201,11 @@ def block(
     x: Tensor,
     config: Config,
     tp_group: dist.Group | None = None,
+    recompute_attention: bool = False,
 ) -> Tensor:
     """Block ``layer`` on the residual stream ``x`` (batch, tokens, width): attention, then the
-    MLP, each normed first and added to the stream; Megatron's block in ``tp_group``."""
+    MLP, each normed first and added to the stream; Megatron's block in ``tp_group``.
+    ``recompute_attention``: the attention core is a checkpoint (recomputed in the backward)."""
     f: Callable[[Tensor], Tensor] = identity
     f_bar: Callable[[Tensor], Tensor] = identity
     heads = config.heads
@@ -193,7 +215,11 @@ def block(
         heads //= len(tp_group)
     p = {name: params[f"{layer}.{name}"] for name in ("norm1", *SHARD_AXIS, "norm2")}
     a = f(ops.rms_norm(x, p["norm1"]))  # f: the replicated activations enter the heads
-    heads_out = causal_attention(a @ p["wq"], a @ p["wk"], a @ p["wv"], heads)
+    qkv = (a @ p["wq"], a @ p["wk"], a @ p["wv"])
+    if recompute_attention:
+        heads_out = checkpoint(partial(causal_attention, heads=heads), *qkv)
+    else:
+        heads_out = causal_attention(*qkv, heads)
     x = x + f_bar(heads_out @ p["wo"])  # f̄: the heads' partial outputs are added
     m = f(ops.rms_norm(x, p["norm2"]))
     return x + f_bar((m @ p["w1"]).tanh() @ p["w2"])
