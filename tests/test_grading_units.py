@@ -3,6 +3,7 @@ and stripping, failure classification, tamper detection, statuses, limits, the s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from chainrule.grading.outcomes import (
     StudentOutcome,
     classify_failure,
 )
+from chainrule.grading.sandbox import uses_torch
 from chainrule.grading.tamper import ReleasedCell, find_restored_cells
 from grading_course import HIDDEN_MARKER
 
@@ -472,3 +474,25 @@ def test_the_course_config_names_students_when_it_autogrades():
     assert sanitize.index("chainrule.grading.students.NameStudents") == (
         sanitize.index("chainrule.grading.restore.RestoreCells") + 1
     )
+
+
+def test_a_sandbox_imports_torch_first_only_for_assignments_that_use_it(tmp_path):
+    def notebook(name, *cells):
+        path = tmp_path / f"{name}.ipynb"
+        path.write_text(
+            json.dumps({"cells": [{"cell_type": kind, "source": text} for kind, text in cells]})
+        )
+        return path
+
+    plain = notebook(
+        "plain",
+        ("code", 'FORBIDDEN = ["chainrule.parallel.duality_torch"]'),
+        ("markdown", "import torch"),
+    )
+    imports = notebook("imports", ("code", ["x = 1\n", "from torch import nn\n"]))
+    ranks = notebook("ranks", ("code", 'dist.run(f, 2, backend="gloo")'))
+    assert not uses_torch([plain])
+    assert uses_torch([plain, imports]) and uses_torch([ranks])
+    source = Path(__file__).parents[1] / "source"
+    assert uses_torch(sorted((source / "training").glob("*.ipynb")))
+    assert not uses_torch(sorted((source / "sharded").glob("*.ipynb")))

@@ -34,7 +34,7 @@ from chainrule.grading.gradebooks import assignment_notebooks, flag_failed
 from chainrule.grading.grader import Progress, grade_student_safely
 from chainrule.grading.outcomes import SNAPSHOT_FAILED, NotebookOutcome, StudentOutcome
 from chainrule.grading.parallel import grade_in_parallel
-from chainrule.grading.sandbox import sandbox_problem
+from chainrule.grading.sandbox import sandbox_problem, uses_torch
 from chainrule.grading.snapshot import Snapshots, take_snapshots
 from chainrule.grading.worker import GradingJob, GradingTarget
 
@@ -109,6 +109,7 @@ def make_job(options: BatchOptions, out_dir: Path, workspaces: Path) -> GradingJ
         workspaces=workspaces,
         isolate=options.sandbox,
         hidden=tuple(hidden),
+        preload_torch=uses_torch(layout.source_notebooks(options.assignment)),
     )
 
 

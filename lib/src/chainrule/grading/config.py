@@ -58,6 +58,7 @@ class CourseLayout:
     submitted: Path
     autograded: Path
     feedback: Path
+    source: Path
 
     @classmethod
     def from_config(cls, config: Config) -> CourseLayout:
@@ -73,7 +74,12 @@ class CourseLayout:
             submitted=root / coursedir.submitted_directory,
             autograded=root / coursedir.autograded_directory,
             feedback=root / coursedir.feedback_directory,
+            source=root / coursedir.source_directory,
         )
+
+    def source_notebooks(self, assignment: str) -> list[Path]:
+        """The instructor's notebooks of ``assignment`` (``source/<assignment>/*.ipynb``)."""
+        return sorted((self.source / assignment).glob("*.ipynb"))
 
     def submission_dir(self, student: str, assignment: str) -> Path:
         """``submitted/<student>/<assignment>``."""

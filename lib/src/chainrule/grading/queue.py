@@ -58,7 +58,7 @@ from chainrule.grading.config import CourseLayout, grading_env, load_config
 from chainrule.grading.gradebooks import copy_gradebook, merge_submissions
 from chainrule.grading.grader import grade_student_safely
 from chainrule.grading.outcomes import GRADER_CRASHED, NotebookOutcome, StudentOutcome
-from chainrule.grading.sandbox import sandbox_problem
+from chainrule.grading.sandbox import sandbox_problem, uses_torch
 from chainrule.grading.snapshot import Snapshots, take_snapshots
 from chainrule.grading.worker import GradingJob, GradingTarget
 
@@ -371,6 +371,7 @@ def grade_job(course_root: str | Path, job: Job, worker: str = "") -> Result:
             workspaces=workspaces,
             isolate=bool(job["sandbox"]),
             hidden=tuple(p for p in (str(layout.root), str(scratch), exchange) if p),
+            preload_torch=uses_torch(layout.source_notebooks(assignment)),
         )
         target = GradingTarget(1, private_url, scratch / "autograded")
         outcome = grade_student_safely(grading, student, target)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -160,6 +161,22 @@ def mounts(environment: Sequence[str], hidden: Sequence[str]) -> list[str]:
     return args
 
 
+#: A code cell that uses torch: imports it, or starts ranks on a torch.distributed backend.
+USES_TORCH = re.compile(r"^\s*(import|from)\s+torch\b|[\"'](gloo|nccl)[\"']", re.MULTILINE)
+
+
+def uses_torch(notebooks: Sequence[Path]) -> bool:
+    """Whether a code cell of these (instructor's) notebooks uses torch (:data:`USES_TORCH`):
+    if none does, a sandbox need not import it before the first kernel."""
+    for path in notebooks:
+        for cell in json.loads(path.read_text()).get("cells", []):
+            source = cell.get("source", "")
+            text = "".join(source) if isinstance(source, list) else str(source)
+            if cell.get("cell_type") == "code" and USES_TORCH.search(text):
+                return True
+    return False
+
+
 @dataclass
 class StudentSandbox:
     """One student's sandbox: its folders, its control group and its zygote.
@@ -169,7 +186,8 @@ class StudentSandbox:
     ``etc`` (the sandbox's own ``passwd``, ``group``, ``hosts``). ``hidden`` lists folders no
     process inside may see even where the environment lies within them (the course folder,
     the snapshots, the output folder). ``memory_limit_mb`` caps the whole sandbox (its control
-    group) and each process in it (``prlimit``).
+    group) and each process in it (``prlimit``). ``preload_torch``: whether the zygote imports
+    torch (see :func:`uses_torch`).
     """
 
     workspace: Path
@@ -178,6 +196,7 @@ class StudentSandbox:
     isolate: bool = True
     hidden: list[str] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)
+    preload_torch: bool = True
     zygote: subprocess.Popen[bytes] | None = None
     group: Cgroup | None = None
     started_s: float = 0.0
@@ -319,6 +338,8 @@ class StudentSandbox:
         started = time.monotonic()
         self.prepare()
         argv = [sys.executable, "-P", "-m", "chainrule.grading.zygote", self.address]
+        if not self.preload_torch:
+            argv.append("--without-torch")
         env = self.base_env() if not self.isolate else {"PATH": "/usr/bin:/bin"}
         if not self.isolate:
             (self.workspace / "tmp").mkdir(exist_ok=True)

@@ -57,7 +57,8 @@ class GradingTarget:
 class GradingJob:
     """What every student's grading shares, decided once by the batch: the assignment, the
     course and its configuration, the notebooks, where the snapshots, logs and sandboxes
-    are, the limits, and the folders no sandbox may see."""
+    are, the limits, the folders no sandbox may see, and whether its sandboxes import torch
+    before the first kernel (:func:`~chainrule.grading.sandbox.uses_torch`)."""
 
     assignment: str
     layout: CourseLayout
@@ -71,6 +72,7 @@ class GradingJob:
     workspaces: Path
     isolate: bool = True
     hidden: tuple[str, ...] = ()
+    preload_torch: bool = True
 
     def autograded_dir(self, student: str, target: GradingTarget) -> Path:
         """The folder the worker writes this student's autograded notebooks to."""
@@ -260,6 +262,7 @@ def grade_submission(
         hidden=list(job.hidden),
         environment={k: os.environ[k] for k in REPRODUCIBLE_DEFAULTS if k in os.environ},
         group=group,
+        preload_torch=job.preload_torch,
     )
     try:
         try:

@@ -1,4 +1,5 @@
-"""``python -P -m chainrule.grading.zygote <socket>``: a student's kernels, forked warm.
+"""``python -P -m chainrule.grading.zygote <socket> [--without-torch]``: a student's kernels,
+forked warm.
 
 The course's grader starts this program once per student, inside that student's sandbox
 (:mod:`chainrule.grading.sandbox`). It imports what every exercise imports (numpy, torch,
@@ -21,6 +22,11 @@ Why: a submission's grading then costs one interpreter start and one import of t
 of one per notebook and one more per world of ranks (measured in ``BENCHMARKS.md``, family
 ``grading``). Every kernel is a fresh fork of the same clean process, so the notebooks of one
 submission never see each other's state; nothing here outlives the sandbox.
+
+``--without-torch`` leaves torch out of the imports (:data:`TORCH_PRELOAD`): for an assignment
+none of whose notebooks uses torch or gloo (``sharded`` runs on the simulated world), where
+importing it would be most of the sandbox's start and buy nothing. A notebook that imports it
+anyway still works: its kernel imports torch itself.
 """
 
 from __future__ import annotations
@@ -44,9 +50,6 @@ Handler = Callable[[dict[str, Any], socket.socket], None]
 #: What the exercises import, imported once before any fork.
 PRELOAD = (
     "numpy",
-    "torch",
-    "torch.distributed",
-    "torch.nn.parallel",
     "cloudpickle",
     "IPython",
     "ipykernel.kernelapp",
@@ -57,10 +60,12 @@ PRELOAD = (
     "chainrule.dist",
     "chainrule.dist.pool",
     "chainrule.dist.worker",
-    "chainrule.dist.torch_backend",
     "chainrule.judging.agent",
     "chainrule.course.restart_hint",
 )
+
+#: What the exercises that use torch or gloo import besides (see ``--without-torch``).
+TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "chainrule.dist.torch_backend")
 
 
 def start_kernel(request: dict[str, Any], connection: socket.socket) -> None:
@@ -209,9 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Import, say so, then serve forks until the grader closes our standard input."""
     import importlib
 
-    (address,) = list(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    without_torch = "--without-torch" in args
+    (address,) = [arg for arg in args if arg != "--without-torch"]
     started = time.monotonic()
-    for module in PRELOAD:
+    for module in (*TORCH_PRELOAD[: 0 if without_torch else None], *PRELOAD):
         importlib.import_module(module)
     with open(address + ".starting", "w") as ready:  # written whole, then renamed: read whole
         json.dump({"pid": os.getpid(), "imports_s": time.monotonic() - started}, ready)
