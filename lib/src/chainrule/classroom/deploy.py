@@ -45,7 +45,7 @@ from chainrule.classroom.settings import SETTINGS_ENV, ClassSettings, Roster
 REPO = Path(__file__).resolve().parents[4]
 HUB_CONFIG = REPO / "hub" / "jupyterhub_config.py"
 PROXY = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
-ASSIGNMENTS = ("check_yourself", "sharded", "training")
+ASSIGNMENTS = ("check_yourself", "sharded", "training", "pipeline")
 
 #: JupyterLab settings of every account: no news or update pop-ups over the notebook.
 LAB_SETTINGS = {
