@@ -143,7 +143,12 @@ GOALS: tuple[Goal, ...] = (
         "grading",
         "one submission's grading ≤ 2× its floor (one interpreter running its code once), "
         "every assignment",
-        ("grading.parts.check_yourself", "grading.parts.sharded", "grading.parts.training"),
+        (
+            "grading.parts.check_yourself",
+            "grading.parts.sharded",
+            "grading.parts.training",
+            "grading.parts.pipeline",
+        ),
         ("ratio",),
         2.0,
         checks=("graded",),

@@ -315,7 +315,7 @@ def measure(
     quick: bool = False,
     submissions: int | None = None,
     notebooks: Sequence[str] | None = None,
-    assignments: Sequence[str] = ("check_yourself", "sharded", "training"),
+    assignments: Sequence[str] = ("check_yourself", "sharded", "training", "pipeline"),
     sandboxed: bool = True,
 ) -> list[Row]:
     """Each assignment's parts against its floor, then the ``check_yourself`` batch.

@@ -255,7 +255,8 @@ class Assignment:
 CHECK_YOURSELF = Assignment("check_yourself")
 SHARDED = Assignment("sharded")
 TRAINING = Assignment("training")
-ASSIGNMENTS = (CHECK_YOURSELF, SHARDED, TRAINING)
+PIPELINE = Assignment("pipeline")
+ASSIGNMENTS = (CHECK_YOURSELF, SHARDED, TRAINING, PIPELINE)
 """Every assignment of the course, in the order of the lessons they follow."""
 BY_NAME = {a.name: a for a in ASSIGNMENTS}
 

@@ -55,6 +55,12 @@ ANSWERS = {
     "training ex2: Adam's moments sharded by hand (ZeRO-1)": r"ZeroAdam|exp_avg_sq|torch\.optim",
     "training ex3: the all-to-all with uneven split sizes and its transpose, a token's rows added "
     "up": r"output_split_sizes|input_split_sizes|index_add|scatter_add",
+    "pipeline ex1: a boundary of two tensors as autograd Functions, the 1F1B step on them": r"mark_"
+    r"non_differentiable|Recv\.apply\(|Send\.apply\(|pipeline_step\(W",
+    "pipeline ex2: ring attention's hand-written backward, the gradients riding the ring": r"Ring"
+    r"Attention\.apply|grad_k, grad_v = ring_pass|rowsum\(dO",
+    "pipeline ex3: the cost model of a layout, and the choice of one": r"memory_per_device|"
+    r"best_layout|step_time\(model",
 }
 
 

@@ -48,7 +48,7 @@ HUB_CONFIG = REPO / "hub" / "jupyterhub_config.py"
 PROXY = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 #: The command of the servers JupyterHub spawns for each account.
 SINGLE_USER = "jupyterhub-singleuser"
-ASSIGNMENTS = ("check_yourself", "sharded", "training")
+ASSIGNMENTS = ("check_yourself", "sharded", "training", "pipeline")
 
 #: JupyterLab settings of every account: no news or update pop-ups over the notebook.
 LAB_SETTINGS = {
