@@ -19,6 +19,8 @@ from chainrule.course.widgets.live_widget import LiveWidget, canvas
 from chainrule.course.widgets.tables import html_table
 from chainrule.parallel import pipeline as pp
 
+#: How each schedule is named on the page.
+SHOWN = {"1f1b": "1F1B", "gpipe": "GPipe"}
 COLOURS = {"F": "#9ec5ec", "B": "#f6b26b", "idle": "#eeeeee"}
 MAX_WIDTH = 900.0  # points: the figure's width whatever the number of slots
 MIN_FONT = 9.0  # points: the smallest label
@@ -58,7 +60,10 @@ def render_table(result: ScheduleResult) -> str:
         ["(P − 1)/(m + P − 1)", f"{result.formula:.4f}"],
         ["peak activations per stage", ", ".join(map(str, result.peak_activations))],
     ]
-    return html_table(["", f"{result.name}: P = {result.stages}, m = {result.micro_batches}"], rows)
+    title = (
+        f"{SHOWN.get(result.name, result.name)}: P = {result.stages}, m = {result.micro_batches}"
+    )
+    return html_table(["", title], rows)
 
 
 def plot_schedule(result: ScheduleResult) -> Figure:
@@ -111,7 +116,8 @@ def plot_schedule(result: ScheduleResult) -> Figure:
                                        facecolor=COLOURS["idle"], edgecolor="#bbbbbb",
                                        hatch="///", lw=0.4))  # fmt: skip
     ax.text(label_width, height - 0.6 * row_height,
-            f"{result.name}: bubble {result.bubble:.3f} = (P−1)/(m+P−1) = {result.formula:.3f}   "
+            f"{SHOWN.get(result.name, result.name)}: bubble {result.bubble:.3f} "
+            f"= (P−1)/(m+P−1) = {result.formula:.3f}   "
             "blue: forward, orange: backward (labelled by micro-batch), grey: idle",
             va="center", fontsize=max(MIN_FONT, 10.0))  # fmt: skip
     return figure
@@ -127,7 +133,9 @@ def build_pipeline_widget(
             value=micro_batches, min=1, max=16, description="micro-batches m"
         ),
         "schedule": ipywidgets.Dropdown(
-            options=[("1F1B", "1f1b"), ("GPipe", "gpipe")], value=schedule, description="schedule"
+            options=[(shown, name) for name, shown in SHOWN.items()],
+            value=schedule,
+            description="schedule",
         ),
     }
     return LiveWidget(controls, schedule_result, render_table, plot_schedule)
