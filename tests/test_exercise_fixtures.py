@@ -32,25 +32,43 @@ def test_every_exercise_has_enough_wrong_and_right_solutions():
         assert len(WRONG[key]) >= 6 and len(RIGHT[key]) >= 2, key
 
 
-@pytest.fixture(scope="module")
-def judged(tmp_path_factory):
+class Verdicts:
     """Every variant of every notebook (and the instructor's solutions, and the release),
     graded and validated by :mod:`judged_in_process` against the gradebook of a course copy
-    where the assignment was generated: ``judged[(assignment, notebook, name, mode)]`` is a
+    where the assignment was generated: ``verdicts[(assignment, notebook, name, mode)]`` is a
     ``Verdict``, ``name`` a variant's, ``"instructor"`` or ``"blank"``, ``mode`` ``"grade"``
-    or ``"validate"``."""
-    keys, jobs = [], []
-    for assignment in ASSIGNMENTS:
-        course = assignment.make_course(tmp_path_factory.mktemp(f"judged-{assignment.name}"))
-        for notebook in assignment.notebooks:
-            cases = {"instructor": {}, "blank": None}
-            cases.update({v.name: v.cells for v in VARIANTS[(assignment.name, notebook)].values()})
-            for name, cells in cases.items():
-                for mode in ("grade", "validate"):
-                    keys.append((assignment.name, notebook, name, mode))
-                    jobs.append((course, (assignment.name, notebook, cells, mode)))
-    verdicts = judge_many(jobs)
-    return dict(zip(keys, verdicts, strict=True))
+    or ``"validate"``. An assignment's verdicts are all made at its first look-up, so that each
+    test waits for its own assignment only (one run for all four is longer than a test may
+    take)."""
+
+    def __init__(self, folders) -> None:  # noqa: ANN001 - pytest's tmp_path_factory
+        self.folders = folders
+        self.made: dict[str, dict] = {}
+
+    def of(self, name: str) -> dict:
+        """The verdicts of one assignment, by key."""
+        if name not in self.made:
+            assignment = BY_NAME[name]
+            course = assignment.make_course(self.folders.mktemp(f"judged-{name}"))
+            keys, jobs = [], []
+            for notebook in assignment.notebooks:
+                cases = {"instructor": {}, "blank": None}
+                cases.update({v.name: v.cells for v in VARIANTS[(name, notebook)].values()})
+                for case, cells in cases.items():
+                    for mode in ("grade", "validate"):
+                        keys.append((name, notebook, case, mode))
+                        jobs.append((course, (name, notebook, cells, mode)))
+            self.made[name] = dict(zip(keys, judge_many(jobs), strict=True))
+        return self.made[name]
+
+    def __getitem__(self, key: tuple[str, str, str, str]):  # noqa: ANN204 - a Verdict
+        return self.of(key[0])[key]
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """The fixtures' verdicts (:class:`Verdicts`), made once per assignment for the module."""
+    return Verdicts(tmp_path_factory)
 
 
 @pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in WRONG[key]], ids=variant_id)
@@ -83,8 +101,8 @@ def test_no_verdict_shows_hidden_test_source(judged, assignment):
     """The errors of every fixture, as its feedback would show them, quote no line of the
     hidden tests (``test_feedback_shows_no_hidden_test_source`` reads the batch's pages)."""
     hidden = hidden_lines(assignment)
-    for key, verdict in judged.items():
-        if key[0] != assignment.name or key[3] != "grade":
+    for key, verdict in judged.of(assignment.name).items():
+        if key[3] != "grade":
             continue
         variant = VARIANTS[(key[0], key[1])].get(key[2])
         submitted = "\n".join(variant.cells.values()) if variant else ""
