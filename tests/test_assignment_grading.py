@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+from typing import Any
 
 import nbformat
 import pytest
@@ -121,20 +122,28 @@ def judged(graded_courses):
     """The batch's students' notebooks graded and validated in-process, against the batch's
     gradebook (which it only reads): ``judged[(assignment, notebook, name, mode)]``, ``name``
     as :func:`assignment_students.judged_name` gives it, ``mode`` ``"grade"`` or
-    ``"validate"``."""
-    jobs = {}
-    for assignment in ASSIGNMENTS:
-        course = graded_courses(assignment.name)[0]
-        for student in BATCH_STUDENTS[assignment.name]:
-            for notebook, cells in submission_of(assignment, student).items():
-                name = judged_name(assignment, student, notebook)
-                for mode in ("grade", "validate"):
-                    jobs[(assignment.name, notebook, name, mode)] = (
-                        course,
-                        (assignment.name, notebook, cells, mode),
-                    )
-    verdicts = judge_many(jobs.values())
-    return dict(zip(jobs, verdicts, strict=True))
+    ``"validate"``. An assignment is graded and judged at its first look-up, so that a test
+    waits for its own assignment only."""
+    made: dict[str, dict] = {}
+
+    def of(name: str) -> dict:
+        if name not in made:
+            assignment = BY_NAME[name]
+            course = graded_courses(name)[0]
+            jobs = {}
+            for student in BATCH_STUDENTS[name]:
+                for notebook, cells in submission_of(assignment, student).items():
+                    case = judged_name(assignment, student, notebook)
+                    for mode in ("grade", "validate"):
+                        jobs[(name, notebook, case, mode)] = (course, (name, notebook, cells, mode))
+            made[name] = dict(zip(jobs, judge_many(jobs.values()), strict=True))
+        return made[name]
+
+    class Judged:
+        def __getitem__(self, key: tuple) -> Any:
+            return of(key[0])[key]
+
+    return Judged()
 
 
 def _batch_verdicts(assignment, course, student, notebook):
