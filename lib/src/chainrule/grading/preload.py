@@ -17,6 +17,7 @@ import sqlalchemy.orm  # noqa: E402
 # Test cells run in the grader (chainrule.grading.execute), and some compute their references
 # with torch: imported once here rather than in every grading child.
 import torch  # noqa: E402, F401
+import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401 - a first backward(gradient)'s
 
 import chainrule.course.checks  # noqa: E402, F401
 

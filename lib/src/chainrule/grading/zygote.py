@@ -65,7 +65,15 @@ PRELOAD = (
 )
 
 #: What the exercises that use torch or gloo import besides (see ``--without-torch``).
-TORCH_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "chainrule.dist.torch_backend")
+TORCH_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    # What torch imports on a process's first backward(gradient): sympy, 0.3 s of CPU that
+    # every kernel and every rank would otherwise pay again.
+    "torch.fx.experimental.symbolic_shapes",
+    "chainrule.dist.torch_backend",
+)
 
 
 def start_kernel(request: dict[str, Any], connection: socket.socket) -> None:
