@@ -8,7 +8,8 @@ Each test runs in the process of its group: its module, so that a module's fixtu
 class, a validated class) are made once; the browser tests, which share one JupyterLab server
 and one release of the assignment in a set order; the class deployment's tests, which share one
 hub, database and broker; and the assignment tests, whose session fixtures (every assignment
-graded end to end, every fixture judged) serve the whole module.
+graded end to end, every fixture judged in-process) are made once per assignment: each
+assignment's tests of both modules run in one process.
 """
 
 from __future__ import annotations
@@ -21,19 +22,32 @@ import pytest
 
 #: Folders whose tests share session fixtures, so run in one process.
 SHARED_FOLDERS = ("tests/browser/", "tests/hub/")
+#: Modules whose tests of one assignment share its session fixtures (its graded class, every
+#: fixture's in-process verdicts): each assignment's tests of both run in one process.
+BY_ASSIGNMENT = ("tests/test_assignment_grading.py", "tests/test_exercise_fixtures.py")
 #: The longest groups, handed out first so that no process is left with one at the end.
 LONGEST = (
-    "tests/test_assignment_grading.py",
-    "tests/test_exercise_fixtures.py",
+    "assignment training",
     "tests/browser/",
+    "assignment pipeline",
     "tests/hub/",
+    "assignment check_yourself",
     "tests/test_grading_adversarial.py",
+    "assignment sharded",
 )
 
 
 def process_group(nodeid: str) -> str:
-    """The group of a test (by its node id): its shared folder, else its module."""
+    """The group of a test (by its node id): its shared folder; for the modules of
+    :data:`BY_ASSIGNMENT`, its assignment (the first part of its parameters' id); else its
+    module."""
+    from assignment_fixtures import BY_NAME
+
     module = nodeid.split("::")[0]
+    if module in BY_ASSIGNMENT and "[" in nodeid:
+        name = nodeid.split("[", 1)[1].rstrip("]").split("-")[0]
+        if name in BY_NAME:
+            return f"assignment {name}"
     return next((folder for folder in SHARED_FOLDERS if module.startswith(folder)), module)
 
 
@@ -70,6 +84,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if problem:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=problem))
+
+
+@pytest.fixture(scope="session")
+def fixture_verdicts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Every fixture's verdicts, judged in-process once per assignment for the session
+    (:class:`judged_in_process.Verdicts`)."""
+    from judged_in_process import Verdicts
+
+    return Verdicts(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -207,3 +207,40 @@ def judge_many(jobs: Iterable[tuple[Path, tuple[str, str, dict | None, str]]], w
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker) as pool:
         futures = [pool.submit(judge_one, str(course), *job) for course, job in jobs]
         return [future.result() for future in futures]
+
+
+class Verdicts:
+    """Every variant of every notebook (and the instructor's solutions, and the release),
+    graded and validated by :func:`judge_many` against the gradebook of a course copy where
+    the assignment was generated: ``verdicts[(assignment, notebook, name, mode)]`` is a
+    :class:`Verdict`, ``name`` a variant's, ``"instructor"`` or ``"blank"``, ``mode``
+    ``"grade"`` or ``"validate"``. An assignment's verdicts are all made at its first look-up,
+    so that each test waits for its own assignment only (one run for all four is longer than a
+    test may take). ``test_exercise_fixtures`` reads every fixture's verdicts here, and
+    ``test_assignment_grading`` those of the students it grades end to end (each of them hands
+    in fixtures), so that each notebook is judged once in a session."""
+
+    def __init__(self, folders: Any) -> None:  # pytest's tmp_path_factory
+        self.folders = folders
+        self.made: dict[str, dict] = {}
+
+    def of(self, name: str) -> dict:
+        """The verdicts of one assignment, by key."""
+        from assignment_students import VARIANTS
+
+        if name not in self.made:
+            assignment = BY_NAME[name]
+            course = assignment.make_course(self.folders.mktemp(f"judged-{name}"))
+            keys, jobs = [], []
+            for notebook in assignment.notebooks:
+                cases = {"instructor": {}, "blank": None}
+                cases.update({v.name: v.cells for v in VARIANTS[(name, notebook)].values()})
+                for case, cells in cases.items():
+                    for mode in ("grade", "validate"):
+                        keys.append((name, notebook, case, mode))
+                        jobs.append((course, (name, notebook, cells, mode)))
+            self.made[name] = dict(zip(keys, judge_many(jobs), strict=True))
+        return self.made[name]
+
+    def __getitem__(self, key: tuple[str, str, str, str]) -> Verdict:
+        return self.of(key[0])[key]

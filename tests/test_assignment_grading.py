@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import shutil
-from typing import Any
 
 import nbformat
 import pytest
@@ -32,7 +31,6 @@ from assignment_students import (
 )
 from busy_machine import every_core_busy
 from chainrule.grading.config import load_config
-from judged_in_process import judge_many
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
@@ -117,33 +115,12 @@ def test_blank_release_gets_nothing_and_every_test_cell_fails(graded_courses, ke
             assert cell.error is not None, f"{cell.grade_id} passes on the blank notebook"
 
 
-@pytest.fixture(scope="session")
-def judged(graded_courses):
-    """The batch's students' notebooks graded and validated in-process, against the batch's
-    gradebook (which it only reads): ``judged[(assignment, notebook, name, mode)]``, ``name``
-    as :func:`assignment_students.judged_name` gives it, ``mode`` ``"grade"`` or
-    ``"validate"``. An assignment is graded and judged at its first look-up, so that a test
-    waits for its own assignment only."""
-    made: dict[str, dict] = {}
-
-    def of(name: str) -> dict:
-        if name not in made:
-            assignment = BY_NAME[name]
-            course = graded_courses(name)[0]
-            jobs = {}
-            for student in BATCH_STUDENTS[name]:
-                for notebook, cells in submission_of(assignment, student).items():
-                    case = judged_name(assignment, student, notebook)
-                    for mode in ("grade", "validate"):
-                        jobs[(name, notebook, case, mode)] = (course, (name, notebook, cells, mode))
-            made[name] = dict(zip(jobs, judge_many(jobs.values()), strict=True))
-        return made[name]
-
-    class Judged:
-        def __getitem__(self, key: tuple) -> Any:
-            return of(key[0])[key]
-
-    return Judged()
+@pytest.fixture(scope="module")
+def judged(fixture_verdicts):
+    """The in-process verdicts of every fixture (``judged_in_process.Verdicts``, shared with
+    ``test_exercise_fixtures``): ``judged[(assignment, notebook, name, mode)]``, ``name`` as
+    :func:`assignment_students.judged_name` gives it, ``mode`` ``"grade"`` or ``"validate"``."""
+    return fixture_verdicts
 
 
 def _batch_verdicts(assignment, course, student, notebook):

@@ -22,7 +22,6 @@ from assignment_students import (
     losing,
     variant_id,
 )
-from judged_in_process import judge_many
 
 pytestmark = [pytest.mark.slow]
 
@@ -32,43 +31,11 @@ def test_every_exercise_has_enough_wrong_and_right_solutions():
         assert len(WRONG[key]) >= 6 and len(RIGHT[key]) >= 2, key
 
 
-class Verdicts:
-    """Every variant of every notebook (and the instructor's solutions, and the release),
-    graded and validated by :mod:`judged_in_process` against the gradebook of a course copy
-    where the assignment was generated: ``verdicts[(assignment, notebook, name, mode)]`` is a
-    ``Verdict``, ``name`` a variant's, ``"instructor"`` or ``"blank"``, ``mode`` ``"grade"``
-    or ``"validate"``. An assignment's verdicts are all made at its first look-up, so that each
-    test waits for its own assignment only (one run for all four is longer than a test may
-    take)."""
-
-    def __init__(self, folders) -> None:  # noqa: ANN001 - pytest's tmp_path_factory
-        self.folders = folders
-        self.made: dict[str, dict] = {}
-
-    def of(self, name: str) -> dict:
-        """The verdicts of one assignment, by key."""
-        if name not in self.made:
-            assignment = BY_NAME[name]
-            course = assignment.make_course(self.folders.mktemp(f"judged-{name}"))
-            keys, jobs = [], []
-            for notebook in assignment.notebooks:
-                cases = {"instructor": {}, "blank": None}
-                cases.update({v.name: v.cells for v in VARIANTS[(name, notebook)].values()})
-                for case, cells in cases.items():
-                    for mode in ("grade", "validate"):
-                        keys.append((name, notebook, case, mode))
-                        jobs.append((course, (name, notebook, cells, mode)))
-            self.made[name] = dict(zip(keys, judge_many(jobs), strict=True))
-        return self.made[name]
-
-    def __getitem__(self, key: tuple[str, str, str, str]):  # noqa: ANN204 - a Verdict
-        return self.of(key[0])[key]
-
-
 @pytest.fixture(scope="module")
-def judged(tmp_path_factory):
-    """The fixtures' verdicts (:class:`Verdicts`), made once per assignment for the module."""
-    return Verdicts(tmp_path_factory)
+def judged(fixture_verdicts):
+    """The fixtures' verdicts (:class:`judged_in_process.Verdicts`, made once per assignment
+    for the session: ``test_assignment_grading`` reads its students' verdicts from it)."""
+    return fixture_verdicts
 
 
 @pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in WRONG[key]], ids=variant_id)
