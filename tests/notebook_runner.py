@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,13 +71,22 @@ def execute(
         code = _FETCH_CODE % (_FETCH_PREFIX, list(fetch))
         nb.cells.append(nbformat.v4.new_code_cell(code))
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONHASHSEED="0")
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-    )
-    client.execute(env=env)
+    # The kernel talks over Unix sockets: a TCP port that jupyter_client found free can be
+    # taken by another process (a gloo store, another kernel) before the kernel binds it.
+    with tempfile.TemporaryDirectory(prefix="kernel-") as sockets:
+        manager = AsyncKernelManager(
+            kernel_name="python3",
+            transport="ipc",
+            connection_file=str(Path(sockets) / "kernel.json"),
+            ip=str(Path(sockets) / "kernel"),
+        )
+        client = NotebookClient(
+            nb,
+            km=manager,
+            timeout=timeout,
+            resources={"metadata": {"path": str(path.parent)}},
+        )
+        client.execute(env=env)
     values: dict[str, Any] = {}
     if fetch:
         for output in nb.cells[-1].get("outputs", []):
