@@ -10,6 +10,7 @@ repository's own gradebook, ``submitted/`` or ``autograded/``.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import io
 import json
@@ -17,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,8 @@ import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
 COURSE_ID = "autograd-distributed"
+#: Each assignment's generated course, made once per process (:meth:`Assignment.make_course`).
+_GENERATED: dict[str, Path] = {}
 
 
 # -- cells ---------------------------------------------------------------------------------------
@@ -177,13 +181,18 @@ class Assignment:
 
     def make_course(self, root: Path) -> Path:
         """A copy of the course under ``root`` (config and this assignment's source) whose
-        gradebook knows the assignment (``generate_assignment`` has run there)."""
-        course = root / "course"
-        (course / "source").mkdir(parents=True)
-        shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
-        shutil.copytree(self.source_dir, course / "source" / self.name)
-        nbgrader(course, "generate_assignment", self.name, "--force")
-        return course
+        gradebook knows the assignment (``generate_assignment`` has run there). The assignment
+        is generated once per process, in a temporary folder that each call copies."""
+        if self.name not in _GENERATED:
+            template = Path(tempfile.mkdtemp(prefix=f"generated-{self.name}-"))
+            atexit.register(shutil.rmtree, template, ignore_errors=True)
+            course = template / "course"
+            (course / "source").mkdir(parents=True)
+            shutil.copy2(REPO / "nbgrader_config.py", course / "nbgrader_config.py")
+            shutil.copytree(self.source_dir, course / "source" / self.name)
+            nbgrader(course, "generate_assignment", self.name, "--force")
+            _GENERATED[self.name] = course
+        return Path(shutil.copytree(_GENERATED[self.name], root / "course"))
 
     def write_submission(
         self, course: Path, student: str, notebooks: Mapping[str, nbformat.NotebookNode]
