@@ -21,6 +21,7 @@ instructor's summary.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -159,6 +160,20 @@ def library_uses(
     import f as g``, ``import chainrule``) count in ``cells`` too. ``allowed`` names modules
     the exercise lets the student use even when they lie under a library prefix.
     """
+    pairs = tuple((str(label), str(source)) for label, source in cells)
+    others = tuple((str(label), str(source)) for label, source in context)
+    return list(_library_uses(pairs, tuple(library), tuple(allowed), others))
+
+
+@functools.lru_cache(maxsize=256)
+def _library_uses(
+    cells: tuple[tuple[str, str], ...],
+    library: tuple[str, ...],
+    allowed: tuple[str, ...],
+    context: tuple[tuple[str, str], ...],
+) -> tuple[Finding, ...]:
+    """:func:`library_uses`, remembered: a test checks the same cells once per case, and
+    walking every cell's tree again each time cost tenths of a second per notebook."""
     parsed = [(label, source, _parse(source)) for label, source in cells]
     around = [_parse(source) for _, source in context]
     aliases = _module_aliases(
@@ -218,7 +233,7 @@ def library_uses(
                 named = [p for p in library if p in node.value and _in(p, allowed) is None]
                 if named:
                     flag(label, source, node, f"names {named[0]} in a string")
-    return _unique(found)
+    return tuple(_unique(found))
 
 
 #: Names that reach the kernel or the interpreter without an import.
