@@ -59,6 +59,14 @@ def answers(index: int):
     return edit
 
 
+def _named(process: psutil.Process) -> str:
+    """A process's name, or "" once it has ended (between listing it and asking its name)."""
+    try:
+        return process.name()
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def kill_when_grading(
     worker: subprocess.Popen, log: Path, after_jobs: int = 3, timeout_s: float = 240
 ) -> None:
@@ -70,7 +78,7 @@ def kill_when_grading(
     while time.monotonic() < deadline:
         family = [parent, *parent.children(recursive=True)]
         finished = log.read_text(errors="replace").count(" succeeded in ") if log.exists() else 0
-        grading = any(p.name() == "bwrap" for p in family if p.is_running())
+        grading = any(_named(p) == "bwrap" for p in family)
         if finished >= after_jobs and grading:
             for proc in family:
                 try:
