@@ -87,9 +87,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def fixture_verdicts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def judged(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Every fixture's verdicts, judged in-process once per assignment for the session
-    (:class:`judged_in_process.Verdicts`)."""
+    (:class:`judged_in_process.Verdicts`): ``judged[(assignment, notebook, name, mode)]``,
+    read by ``test_exercise_fixtures`` and ``test_assignment_grading``."""
     from judged_in_process import Verdicts
 
     return Verdicts(tmp_path_factory)

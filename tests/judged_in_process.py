@@ -234,6 +234,7 @@ class Verdicts:
 
     def of(self, name: str) -> dict:
         """The verdicts of one assignment, by key."""
+        # Here, not at the top: the judging workers import this module and need no variants.
         from assignment_students import VARIANTS
 
         if name not in self.made:

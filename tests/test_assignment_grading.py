@@ -115,14 +115,6 @@ def test_blank_release_gets_nothing_and_every_test_cell_fails(graded_courses, ke
             assert cell.error is not None, f"{cell.grade_id} passes on the blank notebook"
 
 
-@pytest.fixture(scope="module")
-def judged(fixture_verdicts):
-    """The in-process verdicts of every fixture (``judged_in_process.Verdicts``, shared with
-    ``test_exercise_fixtures``): ``judged[(assignment, notebook, name, mode)]``, ``name`` as
-    :func:`assignment_students.judged_name` gives it, ``mode`` ``"grade"`` or ``"validate"``."""
-    return fixture_verdicts
-
-
 def _batch_verdicts(assignment, course, student, notebook):
     cells = _autograded(assignment, course, student, notebook)
     return {c.grade_id: c.error if c.score < c.max_score else None for c in cells.values()}

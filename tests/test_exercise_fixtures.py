@@ -31,13 +31,6 @@ def test_every_exercise_has_enough_wrong_and_right_solutions():
         assert len(WRONG[key]) >= 6 and len(RIGHT[key]) >= 2, key
 
 
-@pytest.fixture(scope="module")
-def judged(fixture_verdicts):
-    """The fixtures' verdicts (:class:`judged_in_process.Verdicts`, made once per assignment
-    for the session: ``test_assignment_grading`` reads its students' verdicts from it)."""
-    return fixture_verdicts
-
-
 @pytest.mark.parametrize("variant", [v for key in NOTEBOOKS for v in WRONG[key]], ids=variant_id)
 def test_wrong_solution_loses_points_exactly_where_expected(judged, variant):
     verdict = judged[(variant.assignment, variant.notebook, variant.name, "grade")]
