@@ -496,3 +496,33 @@ def test_a_sandbox_imports_torch_first_only_for_assignments_that_use_it(tmp_path
     source = Path(__file__).parents[1] / "source"
     assert uses_torch(sorted((source / "training").glob("*.ipynb")))
     assert not uses_torch(sorted((source / "sharded").glob("*.ipynb")))
+
+
+def test_a_control_group_left_by_a_killed_grader_is_removed_by_the_next_one():
+    """A grading worker killed while it grades never removes its student's control group; the
+    next group made on the machine removes it once it is empty, and never one in use."""
+    from chainrule.grading import cgroup
+
+    maker = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from chainrule.grading import cgroup\n"
+            "print('\\n'.join(map(str, cgroup.create(64, label='orphan').folders)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    orphans = [Path(line) for line in maker.stdout.split()]
+    assert orphans and all(folder.is_dir() for folder in orphans)
+    busy = cgroup.create(64, label="orphan")  # made by this process, which lives on
+    assert busy is not None
+    try:
+        group = cgroup.create(64, label="orphan")
+        assert group is not None
+        group.remove()
+        assert not any(folder.exists() for folder in orphans)
+        assert all(folder.is_dir() for folder in busy.folders)
+    finally:
+        busy.remove()

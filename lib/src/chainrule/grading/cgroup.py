@@ -176,7 +176,8 @@ def _make(folder: Path) -> Path:
 def create(memory_mb: int | None, pids: int = DEFAULT_PIDS, label: str = "") -> Cgroup | None:
     """A new group capped at ``memory_mb`` MiB (none when ``None``) and ``pids`` processes;
     ``None`` where groups cannot be made here."""
-    name = f"{PREFIX}-{label + '-' if label else ''}{uuid.uuid4().hex[:10]}"
+    remove_orphans()
+    name = f"{PREFIX}-{label + '-' if label else ''}{os.getpid()}-{uuid.uuid4().hex[:10]}"
     memory = None if not memory_mb else int(memory_mb) * 1024 * 1024
     try:
         if (ROOT / "cgroup.controllers").exists():
@@ -184,6 +185,40 @@ def create(memory_mb: int | None, pids: int = DEFAULT_PIDS, label: str = "") -> 
         return _create_v1(name, memory, pids)
     except OSError:
         return None
+
+
+def _creator(folder: Path) -> int | None:
+    """The pid of the process that made the group: its name is
+    ``<prefix>-[<label>-]<pid>-<hex>``."""
+    parts = folder.name.rsplit("-", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphans() -> None:
+    """Remove the groups whose maker has died and that nothing is left in (a grading worker
+    killed between making a group and removing it leaves an empty one, which the kernel keeps
+    until its folder is removed). The kernel refuses to remove a group with a process in it."""
+    for parent in _parents():
+        if not parent.is_dir():
+            continue
+        for folder in parent.glob(f"{PREFIX}-*"):
+            pid = _creator(folder)
+            if pid is None or _alive(pid):
+                continue
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
 
 
 def _create_v2(name: str, memory: int | None, pids: int) -> Cgroup | None:
