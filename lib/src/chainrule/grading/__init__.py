@@ -11,15 +11,7 @@
 """
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
-
-# nbformat validates notebooks with jsonschema, which imports the optional IRI format checker
-# ``rfc3987_syntax`` when it is installed (jupyter-events installs it). That module builds a Lark
-# grammar on import: about 2 s of CPU here, paid by the batch process, its fork server and
-# every ``validate``. Notebook schemas use no IRI formats, so grading goes without it.
-if "jsonschema" not in sys.modules:
-    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 # The names below are imported on first use (PEP 562), so that a process that needs only one
 # module of the package (the sandbox's zygote, which runs ``chainrule.grading.zygote``) does not
