@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from chainrule.grading.batch import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, BatchOptions
+from chainrule.grading.child import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, start_fork_server
 
 EXIT_USAGE = 2
 EXIT_NOT_ALL_GRADED = 3
@@ -92,7 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from chainrule.grading.validate import validate_notebook
 
         return validate_notebook(args.notebook, args.course_root, overrides)
-    from chainrule.grading.batch import run_batch
+    # The grading children's fork server imports nbgrader and torch: started before this
+    # process imports the batch (nbgrader too), the two run side by side.
+    start_fork_server()
+    from chainrule.grading.batch import BatchOptions, SandboxUnavailable, run_batch
 
     options = BatchOptions(
         assignment=args.assignment,
@@ -107,8 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         feedback=not args.no_feedback,
         sandbox=not args.no_sandbox,
     )
-    from chainrule.grading.batch import SandboxUnavailable
-
     try:
         result = run_batch(options)
     except LookupError as error:  # the assignment was never generated

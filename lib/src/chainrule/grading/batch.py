@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from chainrule.grading import summary
+from chainrule.grading.child import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, start_fork_server
 from chainrule.grading.config import CourseLayout, grading_env, load_config
 from chainrule.grading.export import export_grades
 from chainrule.grading.feedback import generate_feedback
@@ -37,9 +38,6 @@ from chainrule.grading.parallel import grade_in_parallel
 from chainrule.grading.sandbox import sandbox_problem, uses_torch
 from chainrule.grading.snapshot import Snapshots, take_snapshots
 from chainrule.grading.worker import GradingJob, GradingTarget
-
-DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_MEMORY_MB = 4096
 
 
 @dataclass
@@ -205,6 +203,7 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         problem = sandbox_problem()
         if problem:
             raise SandboxUnavailable(f"refusing to grade without a sandbox: {problem}")
+    start_fork_server()
     root = Path(options.course_root).resolve()
     out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
     workspaces = workspaces_folder()

@@ -30,6 +30,11 @@ import psutil
 #: Modules the fork server imports once, so that each grading child starts warm.
 PRELOAD = ("chainrule.grading.preload",)
 
+#: A submission's limits unless the batch says otherwise: wall-clock seconds, and MiB of
+#: address space for the grader and each kernel.
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_MEMORY_MB = 4096
+
 _context_lock = threading.Lock()
 _context: Any = None
 
@@ -46,6 +51,16 @@ def _fork_context() -> Any:
             else:
                 _context = multiprocessing.get_context("spawn")
         return _context
+
+
+def start_fork_server() -> None:
+    """Start the fork server now rather than at the first child: its imports (nbgrader, torch,
+    seconds of CPU on one core) then run while the caller does its own work, instead of
+    delaying the first submission of every worker."""
+    if _fork_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def apply_memory_limit(megabytes: int | None) -> None:
