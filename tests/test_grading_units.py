@@ -515,7 +515,7 @@ def test_a_control_group_left_by_a_killed_grader_is_removed_by_the_next_one():
         check=True,
     )
     orphans = [Path(line) for line in maker.stdout.split()]
-    assert orphans and all(folder.is_dir() for folder in orphans)
+    assert orphans  # a batch beside this test may remove them first, by the same rule
     busy = cgroup.create(64, label="orphan")  # made by this process, which lives on
     assert busy is not None
     try:
