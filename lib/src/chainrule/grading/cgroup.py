@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "chainrule-grading"
 DEFAULT_PIDS = 512
@@ -194,16 +196,6 @@ def _creator(folder: Path) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_orphans() -> None:
     """Remove the groups whose maker has died and that nothing is left in (a grading worker
     killed between making a group and removing it leaves an empty one, which the kernel keeps
@@ -213,7 +205,7 @@ def remove_orphans() -> None:
             continue
         for folder in parent.glob(f"{PREFIX}-*"):
             pid = _creator(folder)
-            if pid is None or _alive(pid):
+            if pid is None or psutil.pid_exists(pid):
                 continue
             try:
                 folder.rmdir()
