@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from chainrule.grading import summary
-from chainrule.grading.child import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S, start_fork_server
+from chainrule.grading.child import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 from chainrule.grading.config import CourseLayout, grading_env, load_config
 from chainrule.grading.export import export_grades
 from chainrule.grading.feedback import generate_feedback
@@ -203,7 +203,6 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
         problem = sandbox_problem()
         if problem:
             raise SandboxUnavailable(f"refusing to grade without a sandbox: {problem}")
-    start_fork_server()
     root = Path(options.course_root).resolve()
     out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
     workspaces = workspaces_folder()
