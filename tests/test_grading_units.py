@@ -526,3 +526,37 @@ def test_a_control_group_left_by_a_killed_grader_is_removed_by_the_next_one():
         assert all(folder.is_dir() for folder in busy.folders)
     finally:
         busy.remove()
+
+
+def test_a_queue_workers_private_gradebook_leaves_no_file_in_the_temporary_folder(tmp_path):
+    """A queue worker's private gradebook starts from an empty one it makes once; making it
+    leaves nothing in the temporary folder (a killed worker could never clean it up), and the
+    private gradebook holds the student and the assignment from the shared one."""
+    from nbgrader.api import Gradebook
+
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    with Gradebook(shared, "units") as gradebook:
+        gradebook.add_assignment("a1")
+        gradebook.add_student("s1")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    private = tmp_path / "worker" / "gradebook.db"
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from chainrule.grading.queue import private_gradebook\n"
+        "for student in ('s1', 's1'):\n"
+        "    print(private_gradebook(sys.argv[1], 'units', 'a1', student, Path(sys.argv[2])))\n"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", code, shared, str(private)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TMPDIR": str(temporary)},
+        check=True,
+    )
+    assert made.stdout.split() == [f"sqlite:///{private.resolve()}"] * 2
+    assert list(temporary.iterdir()) == []
+    with Gradebook(f"sqlite:///{private}", "units") as gradebook:
+        assert [s.id for s in gradebook.students] == ["s1"]
+        assert [a.name for a in gradebook.assignments] == ["a1"]

@@ -55,7 +55,7 @@ from chainrule.grading.batch import (
     make_job as make_batch_job,
 )
 from chainrule.grading.config import CourseLayout, grading_env, load_config
-from chainrule.grading.gradebooks import copy_gradebook, merge_submissions
+from chainrule.grading.gradebooks import merge_submissions
 from chainrule.grading.grader import grade_student_safely
 from chainrule.grading.outcomes import GRADER_CRASHED, NotebookOutcome, StudentOutcome
 from chainrule.grading.sandbox import sandbox_problem, uses_torch
@@ -233,21 +233,25 @@ def finish(
 # -- a worker's side ----------------------------------------------------------------------------
 
 _TEMPLATE_LOCK = threading.Lock()
-_TEMPLATES: dict[str, Path] = {}
+_TEMPLATES: dict[str, bytes] = {}
 
 
-def _empty_gradebook(course_id: str) -> Path:
-    """An empty SQLite gradebook (nbgrader's tables and alembic version), made once per
-    process: nbgrader asks ``alembic`` for its version in a subprocess for every new file."""
+def _empty_gradebook(course_id: str) -> bytes:
+    """The file of an empty SQLite gradebook (nbgrader's tables and alembic version), made once
+    per process (nbgrader asks ``alembic`` for its version in a subprocess for every new file)
+    in a temporary folder that is removed at once: a worker leaves no file behind, even when
+    it is killed."""
     from nbgrader.api import Gradebook
 
     with _TEMPLATE_LOCK:
-        path = _TEMPLATES.get(course_id)
-        if path is None or not path.exists():
-            path = Path(tempfile.mkdtemp(prefix="chainrule-gradebook-")) / "empty.db"
-            Gradebook(f"sqlite:///{path}", course_id).close()
-            _TEMPLATES[course_id] = path
-        return path
+        data = _TEMPLATES.get(course_id)
+        if data is None:
+            with tempfile.TemporaryDirectory(prefix="chainrule-gradebook-") as folder:
+                path = Path(folder) / "empty.db"
+                Gradebook(f"sqlite:///{path}", course_id).close()
+                data = path.read_bytes()
+            _TEMPLATES[course_id] = data
+        return data
 
 
 def private_gradebook(
@@ -259,7 +263,9 @@ def private_gradebook(
     from nbgrader.api import Base
     from sqlalchemy import create_engine, delete, insert, select
 
-    url = copy_gradebook(f"sqlite:///{_empty_gradebook(course_id)}", destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    destination.write_bytes(_empty_gradebook(course_id))
+    url = f"sqlite:///{destination.resolve()}"
     t = Base.metadata.tables
     shared = create_engine(shared_url)
     private = create_engine(url)
