@@ -3,6 +3,8 @@
 ``execute(path, fetch=["table", "weights"])`` executes every cell in a fresh kernel started in
 the notebook's folder, fails on the first error output, then evaluates each name in ``fetch``
 in that kernel and returns the values (anything JSON can carry; numpy arrays become lists).
+The kernel is shut down before it returns, as a student's kernel is when the notebook closes:
+its exit handlers stop the worker pools it started.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def execute(
             timeout=timeout,
             resources={"metadata": {"path": str(path.parent)}},
         )
-        client.execute(env=env)
+        # nbclient shuts down only kernels it started itself, not one given as ``km``.
+        client.execute(env=env, cleanup_kc=True)
     values: dict[str, Any] = {}
     if fetch:
         for output in nb.cells[-1].get("outputs", []):

@@ -1,0 +1,29 @@
+"""The lessons' runner (:mod:`notebook_runner`) leaves nothing running: each lesson's kernel,
+and the worker pools it started, end before the next lesson runs."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+import psutil
+from notebook_runner import execute
+
+STARTS_A_POOL = """
+import os
+from chainrule import dist
+from chainrule.dist import pool
+assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
+kernel, folder = os.getpid(), pool._pools["gloo", 2].folder
+workers = [p.pid for p in __import__("psutil").Process().children(recursive=True)]
+"""
+
+
+def test_the_kernel_and_its_worker_pool_end_when_the_notebook_has_run(tmp_path):
+    path = tmp_path / "pool.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(STARTS_A_POOL)]), path)
+    _, values = execute(path, fetch=["kernel", "folder", "workers"])
+    assert len(values["workers"]) == 3  # the launcher and two ranks
+    for pid in [values["kernel"], *values["workers"]]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(values["folder"])
