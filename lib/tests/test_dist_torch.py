@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -456,23 +457,34 @@ def test_shutdown_stops_every_worker():
 
 
 @pytest.mark.slow
-def test_workers_end_with_the_process_that_started_them(tmp_path):
+@pytest.mark.parametrize("ending", ["exit", "SIGKILL"])
+def test_workers_and_their_folder_end_with_the_process_that_started_them(tmp_path, ending):
+    """Whether the pool's owner exits (without calling ``dist.shutdown()``) or is killed (a
+    kernel stopped with SIGKILL runs no exit handler), its workers end and the pool's folder
+    (its socket and the ranks' status files) is removed."""
     script = (
-        "import psutil\n"
+        "import os, signal, sys, psutil\n"
         "from chainrule import dist\n"
+        "from chainrule.dist import pool\n"
         "assert dist.run(dist.rank, 2, backend='gloo') == [0, 1]\n"
         "print(' '.join(str(p.pid) for p in psutil.Process().children(recursive=True)))\n"
-    )  # and exit without calling dist.shutdown()
+        "print(pool._pools['gloo', 2].folder, flush=True)\n"
+        + ("os.kill(os.getpid(), signal.SIGKILL)\n" if ending == "SIGKILL" else "")
+    )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
-    assert done.returncode == 0, done.stderr
-    pids = [int(pid) for pid in done.stdout.split()]
+    assert done.returncode == (-signal.SIGKILL if ending == "SIGKILL" else 0), done.stderr
+    pids_line, folder = done.stdout.splitlines()
+    pids = [int(pid) for pid in pids_line.split()]
     assert len(pids) == 3  # the launcher and the two ranks
     deadline = time.monotonic() + PROMPTLY
-    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+    while time.monotonic() < deadline and (
+        any(psutil.pid_exists(pid) for pid in pids) or os.path.exists(folder)
+    ):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(pid) for pid in pids)
+    assert not os.path.exists(folder)
 
 
 # -- NCCL: one GPU per rank -------------------------------------------------------------------

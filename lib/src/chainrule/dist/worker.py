@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -166,7 +167,7 @@ def main(config: dict[str, Any]) -> None:
             finally:
                 os._exit(0)
         ranks[pid] = rank
-    _exit_with_owner()
+    _exit_with_owner(remove=config["folder"])
     while ranks:
         pid, status = os.wait()
         try:
@@ -176,12 +177,17 @@ def main(config: dict[str, Any]) -> None:
     os._exit(0)  # skip the interpreter's teardown: tenths of a second with torch loaded
 
 
-def _exit_with_owner() -> None:
-    """End this process when the pool's owner closes stdin or exits (a daemon thread)."""
+def _exit_with_owner(remove: str | None = None) -> None:
+    """End this process when the pool's owner closes stdin or exits (a daemon thread).
+
+    The launcher passes the pool's folder as ``remove``: an owner that was killed (a kernel
+    stopped with SIGKILL, say) never removes it, so the launcher does before it ends."""
 
     def watch() -> None:
         while os.read(0, 1):
             pass
+        if remove is not None:
+            shutil.rmtree(remove, ignore_errors=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="chainrule-worker-lifeline", daemon=True).start()
