@@ -338,6 +338,7 @@ def test_grading_does_not_import_the_slow_iri_format_checker():
 
 
 def test_the_kernels_folders_fit_their_sockets_whatever_the_temporary_folder(tmp_path, monkeypatch):
+    from chainrule.grading import scratch
     from chainrule.grading.batch import (
         SOCKET_PATH_IN_WORKSPACES,
         SOCKET_PATH_MAX,
@@ -353,7 +354,7 @@ def test_the_kernels_folders_fit_their_sockets_whatever_the_temporary_folder(tmp
             assert folder.parent == parent and folder.is_dir()
             assert len(str(folder)) + SOCKET_PATH_IN_WORKSPACES <= SOCKET_PATH_MAX
         finally:
-            folder.rmdir()
+            scratch.remove(folder)
 
 
 def test_a_pool_of_a_process_forked_by_the_zygote_is_forked_by_it_too(tmp_path, monkeypatch):
@@ -560,3 +561,39 @@ def test_a_queue_workers_private_gradebook_leaves_no_file_in_the_temporary_folde
     with Gradebook(f"sqlite:///{private}", "units") as gradebook:
         assert [s.id for s in gradebook.students] == ["s1"]
         assert [a.name for a in gradebook.assignments] == ["a1"]
+
+
+def test_a_scratch_folder_whose_maker_was_killed_is_removed_when_the_next_one_is_made(tmp_path):
+    """A grader holds its scratch folder (a batch's kernels' folders, a queue job's) for as long
+    as it lives: the next folder of the kind removes those of killed graders, never one whose
+    grader is alive, nor this process's own."""
+    from chainrule.grading import scratch
+
+    code = (
+        "import sys, time\n"
+        "from chainrule.grading import scratch\n"
+        "print(scratch.make('chainrule-units-', sys.argv[1]), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    makers = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    try:
+        killed, alive = (Path(m.stdout.readline().decode().strip()) for m in makers)
+        (killed / "snapshot.ipynb").write_text("{}")
+        makers[0].kill()
+        makers[0].wait()
+        assert killed.is_dir() and alive.is_dir()
+        mine = scratch.make("chainrule-units-", tmp_path)
+        assert not killed.exists()
+        assert alive.is_dir() and mine.is_dir()
+        assert scratch.remove_abandoned("chainrule-units-", tmp_path) == []
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, mine.name])
+        scratch.remove(mine)
+        assert not mine.exists()
+    finally:
+        for maker in makers:
+            maker.kill()
+            maker.wait()
+            maker.stdout.close()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from chainrule.grading import summary
+from chainrule.grading import scratch, summary
 from chainrule.grading.child import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT_S
 from chainrule.grading.config import CourseLayout, grading_env, load_config
 from chainrule.grading.export import export_grades
@@ -185,12 +185,13 @@ SOCKET_PATH_IN_WORKSPACES = len("/student-XXXXXXXX/ipc/") + 40 + len("/kernel-N"
 def workspaces_folder() -> Path:
     """A new folder for the private folders of a batch's kernels: in the temporary folder, or in
     ``/tmp`` where the temporary folder's path is too long for the kernels' sockets (a long
-    ``TMPDIR``, as on macOS)."""
+    ``TMPDIR``, as on macOS). Held by this process until :func:`scratch.remove`, so a later
+    batch removes it if this one is killed."""
     base = tempfile.gettempdir()
     longest = len(str(Path(base) / "chainrule-kernels-XXXXXXXX")) + SOCKET_PATH_IN_WORKSPACES
     if longest > SOCKET_PATH_MAX:
         base = "/tmp"
-    return Path(tempfile.mkdtemp(prefix="chainrule-kernels-", dir=base))
+    return scratch.make("chainrule-kernels-", base)
 
 
 def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResult:
@@ -209,7 +210,7 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
     try:
         job = make_job(options, out_dir, workspaces)
     except BaseException:
-        shutil.rmtree(workspaces, ignore_errors=True)
+        scratch.remove(workspaces)
         raise
     students = options.students or submitted_students(job.layout, options.assignment)
     print(
@@ -228,7 +229,7 @@ def run_batch(options: BatchOptions, stream: TextIO | None = None) -> BatchResul
     try:
         graded = {o.student: o for o in grade_all(job, copied, options.workers, progress)}
     finally:  # a worker killed at its time limit leaves its sandbox's private folder behind
-        shutil.rmtree(job.workspaces, ignore_errors=True)
+        scratch.remove(job.workspaces)
     return finish_batch(options, job, snapshots, students, graded, progress, stream)
 
 

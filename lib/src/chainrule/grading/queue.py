@@ -42,6 +42,7 @@ from typing import Any, TextIO
 
 from traitlets.config import Config
 
+from chainrule.grading import scratch
 from chainrule.grading.batch import (
     NOT_ISOLATED,
     BatchOptions,
@@ -157,7 +158,7 @@ def prepare(options: BatchOptions) -> QueuedBatch:
     root = Path(options.course_root).resolve()
     out_dir = (options.out_dir or root / "grades" / options.assignment).resolve()
     workspaces = workspaces_folder()  # the batch's own: no kernel runs on this side
-    shutil.rmtree(workspaces, ignore_errors=True)
+    scratch.remove(workspaces)
     job = make_batch_job(options, out_dir, workspaces)
     students = options.students or submitted_students(job.layout, options.assignment)
     snapshots = take_snapshots(
@@ -345,7 +346,7 @@ def grade_job(course_root: str | Path, job: Job, worker: str = "") -> Result:
     student, assignment = job["student"], job["assignment"]
     config = load_config(course_root, (), job.get("overrides", ()))
     layout = CourseLayout.from_config(config)
-    scratch = Path(tempfile.mkdtemp(prefix="chainrule-job-"))
+    folder = scratch.make("chainrule-job-")
     workspaces = workspaces_folder()
     try:
         if layout.course_id != job["course_id"]:
@@ -355,13 +356,13 @@ def grade_job(course_root: str | Path, job: Job, worker: str = "") -> Result:
                 f"this worker's source/{assignment} differs from the instructor's: update the "
                 f"worker's copy of the course ({Path(course_root).resolve()})"
             )
-        snapshots = scratch / "snapshots"
+        snapshots = folder / "snapshots"
         unpack_folder(job["notebooks_archive"], snapshots / "notebooks" / student / assignment)
         unpack_folder(job["files_archive"], snapshots / "files" / student / assignment)
-        logs = scratch / "logs"
+        logs = folder / "logs"
         logs.mkdir()
         private_url = private_gradebook(
-            layout.db_url, layout.course_id, assignment, student, scratch / "gradebook.db"
+            layout.db_url, layout.course_id, assignment, student, folder / "gradebook.db"
         )
         exchange = str(config.Exchange.get("root", "")) if "Exchange" in config else ""
         grading = GradingJob(
@@ -376,10 +377,10 @@ def grade_job(course_root: str | Path, job: Job, worker: str = "") -> Result:
             snapshots=snapshots,
             workspaces=workspaces,
             isolate=bool(job["sandbox"]),
-            hidden=tuple(p for p in (str(layout.root), str(scratch), exchange) if p),
+            hidden=tuple(p for p in (str(layout.root), str(folder), exchange) if p),
             preload_torch=uses_torch(layout.source_notebooks(assignment)),
         )
-        target = GradingTarget(1, private_url, scratch / "autograded")
+        target = GradingTarget(1, private_url, folder / "autograded")
         outcome = grade_student_safely(grading, student, target)
         write_to_shared(private_url, layout.db_url, layout.course_id, assignment, student)
         log = logs / f"{student}.log"
@@ -393,5 +394,5 @@ def grade_job(course_root: str | Path, job: Job, worker: str = "") -> Result:
             else "",
         }
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(workspaces, ignore_errors=True)
+        scratch.remove(folder)
+        scratch.remove(workspaces)
