@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,12 +68,26 @@ def _named(process: psutil.Process) -> str:
         return ""
 
 
+def _scratch_folders(processes: list[psutil.Process]) -> set[str]:
+    """The grading scratch folders (a job's, its kernels') that these processes name on their
+    command lines or hold files open in."""
+    found = set()
+    for process in processes:
+        try:
+            names = [*process.cmdline(), *(f.path for f in process.open_files())]
+        except psutil.Error:
+            continue
+        found.update(re.findall(r"/\S*?/chainrule-(?:job|kernels)-[^/\s]+", " ".join(names)))
+    return found
+
+
 def kill_when_grading(
     worker: subprocess.Popen, log: Path, after_jobs: int = 3, timeout_s: float = 240
-) -> None:
+) -> set[str]:
     """SIGKILL the worker's whole process tree (its machine dies) while it grades a job: once
     it has finished ``after_jobs`` jobs, as soon as one of its descendants is a sandbox
-    (``bwrap``)."""
+    (``bwrap``). Returns the scratch folders the job was graded in, which the killed worker
+    could not remove."""
     deadline = time.monotonic() + timeout_s
     parent = psutil.Process(worker.pid)
     while time.monotonic() < deadline:
@@ -80,6 +95,7 @@ def kill_when_grading(
         finished = log.read_text(errors="replace").count(" succeeded in ") if log.exists() else 0
         grading = any(_named(p) == "bwrap" for p in family)
         if finished >= after_jobs and grading:
+            left = _scratch_folders(family)
             for proc in family:
                 try:
                     proc.kill()
@@ -90,7 +106,7 @@ def kill_when_grading(
             except ProcessLookupError:
                 pass
             worker.wait()
-            return
+            return left
         time.sleep(0.05)
     raise AssertionError("the worker never started grading")
 
@@ -143,7 +159,7 @@ def test_forty_submissions_on_two_workers_grade_as_the_batch_grader_despite_a_ki
     dispatcher = threading.Thread(target=dispatch)
     dispatcher.start()
     try:
-        kill_when_grading(workers["queue1"], settings.logs / "queue1.log")
+        abandoned = kill_when_grading(workers["queue1"], settings.logs / "queue1.log")
         deployment.workers.pop("queue1")
         # the machine is replaced, as a service manager restarts a worker
         deployment.start_worker("queue3", queued.root, visibility_timeout_s=VISIBILITY_S)
@@ -183,6 +199,10 @@ def test_forty_submissions_on_two_workers_grade_as_the_batch_grader_despite_a_ki
     assert all(not s["worker"].startswith("queue1@") for s in again), again
     assert {s["student"] for s in progress["students"] if s["state"] == "done"} == set(students)
     assert len(snapshot(db_url, COURSE_ID, "tiny")) == STUDENTS
+
+    # what the killed worker left in the temporary folder, the next jobs removed
+    assert any("chainrule-job-" in folder for folder in abandoned), abandoned
+    assert [folder for folder in abandoned if os.path.exists(folder)] == []
 
     # the progress lines name the worker, and estimate the time left
     lines = [line for line in log.splitlines() if line.startswith("[")]
