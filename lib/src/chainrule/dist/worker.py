@@ -173,7 +173,10 @@ def main(config: dict[str, Any]) -> None:
         try:
             send(conn, Exited(ranks.pop(pid), os.waitstatus_to_exitcode(status)))
         except OSError:
-            pass  # the pool's owner no longer listens: it is closing the pool
+            pass  # the pool's owner no longer listens: it is closing the pool, or it died
+    # The pool is over. Its owner removes the folder when it closes the pool; but an owner that
+    # died (its ranks then end on their own) never will.
+    shutil.rmtree(config["folder"], ignore_errors=True)
     os._exit(0)  # skip the interpreter's teardown: tenths of a second with torch loaded
 
 
@@ -181,7 +184,8 @@ def _exit_with_owner(remove: str | None = None) -> None:
     """End this process when the pool's owner closes stdin or exits (a daemon thread).
 
     The launcher passes the pool's folder as ``remove``: an owner that was killed (a kernel
-    stopped with SIGKILL, say) never removes it, so the launcher does before it ends."""
+    stopped with SIGKILL, say) never removes it, so the launcher does before it ends (here, or
+    in :func:`main` if its ranks end first)."""
 
     def watch() -> None:
         while os.read(0, 1):
