@@ -26,7 +26,7 @@ def test_the_kernel_and_its_worker_pool_end_when_the_notebook_has_run(tmp_path):
     _, values = execute(path, fetch=["kernel", "folder", "workers"])
     assert len(values["workers"]) == 3  # the launcher and two ranks
     pids = [values["kernel"], *values["workers"]]
-    deadline = time.monotonic() + 15.0  # a kernel that outstays its shutdown is killed
+    deadline = time.monotonic() + 15.0  # the launcher ends the ranks once the kernel is gone
     while time.monotonic() < deadline and (
         any(_running(pid) for pid in pids) or os.path.exists(values["folder"])
     ):
