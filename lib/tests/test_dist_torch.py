@@ -463,7 +463,7 @@ def test_workers_and_their_folder_end_with_the_process_that_started_them(tmp_pat
     kernel stopped with SIGKILL runs no exit handler), its workers end and the pool's folder
     (its socket and the ranks' status files) is removed."""
     script = (
-        "import os, signal, sys, psutil\n"
+        "import os, signal, psutil\n"
         "from chainrule import dist\n"
         "from chainrule.dist import pool\n"
         "assert dist.run(dist.rank, 2, backend='gloo') == [0, 1]\n"
