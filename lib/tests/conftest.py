@@ -19,6 +19,20 @@ settings.load_profile("chainrule")
 
 
 @pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process for the test, as in a kernel or a
+    terminal, even where the suite was started with SIGINT ignored (a background job of a
+    non-interactive shell inherits SIG_IGN, and Python then installs no handler)."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def rng():
     """A numpy generator with a fixed seed, fresh for each test."""
     return np.random.default_rng(12345)

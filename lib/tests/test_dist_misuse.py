@@ -299,6 +299,7 @@ def waits_for_the_one_who_spins():
     return dist.all_reduce(np.ones(2))
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "fn", [waits_for_the_one_who_sleeps, waits_for_the_one_who_spins], ids=["sleep", "busy loop"]

@@ -687,6 +687,7 @@ def test_large_non_contiguous_inputs_are_reduced_too():
         assert result.tobytes() == rank_order_reduce(xs, "sum").tobytes()
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_while_waiting_stops_every_rank():
     import os
     import signal
@@ -788,6 +789,7 @@ def test_a_collective_inside_torch_backward_is_refused():
     assert torch.is_grad_enabled()
 
 
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_ctrl_c_ends_the_waiting_ranks_and_runs_their_cleanup():
     import os
     import signal
