@@ -2,10 +2,10 @@
 
 The submissions are synthetic and tiny (one notebook with two solution cells, a visible and a
 hidden test: scores 0 to 3), so that 40 of them fit in the test suite's time; the real
-``check_yourself`` goes through the queue in the hub's test. The same 40 submissions are graded
-by the one-machine batch grader (``python -m chainrule.grading batch``, two workers, SQLite
-gradebook) while the queue recovers from the killed worker, and both must give every student
-the same grades.
+``check_yourself`` goes through the queue in the hub's test. The submissions are of four kinds
+(every fourth the same notebook); one of each kind is graded by the one-machine batch grader
+(``python -m chainrule.grading batch``, two workers, SQLite gradebook) while the queue recovers
+from the killed worker, and every student on the queue must get the grades of their kind.
 """
 
 from __future__ import annotations
@@ -43,12 +43,16 @@ def squares_only() -> dict:
     return {"squares": source_notebooks()["squares"]}
 
 
+#: The kinds of submission (:func:`answers`): student ``i`` hands in kind ``i % KINDS``.
+KINDS = 4
+
+
 def answers(index: int):
     """Four kinds of submissions: right, square wrong on negatives (hidden test fails), cube
     wrong, untouched."""
 
     def edit(notebooks: dict) -> None:
-        kind = index % 4
+        kind = index % KINDS
         if kind == 3:
             return
         solve(notebooks)
@@ -140,6 +144,8 @@ def test_forty_submissions_on_two_workers_grade_as_the_batch_grader_despite_a_ki
     students = [f"s{i:02d}" for i in range(STUDENTS)]
     for index, student in enumerate(students):
         submit(queued, student, answers(index))
+    kinds = students[:KINDS]  # the batch's reference: one student of each kind
+    for index, student in enumerate(kinds):
         submit(batch, student, answers(index))
 
     deployment = classroom.deployment
@@ -185,11 +191,13 @@ def test_forty_submissions_on_two_workers_grade_as_the_batch_grader_despite_a_ki
     log = stream.getvalue()
     assert result.all_graded, log[-4000:]
 
-    # the same grades as the one-machine batch grader, for every student
+    # every student has the grades the one-machine batch grader gave their kind
     batch_url = f"sqlite:///{batch.root / 'gradebook.db'}"
     queued_grades, batch_grades = grades(db_url), grades(batch_url)
-    assert sorted(queued_grades) == students
-    assert queued_grades == batch_grades
+    assert sorted(queued_grades) == students and sorted(batch_grades) == kinds
+    for index, student in enumerate(students):
+        assert queued_grades[student] == batch_grades[kinds[index % KINDS]], student
+    assert len({json.dumps(g, sort_keys=True) for g in batch_grades.values()}) == KINDS
     assert sorted(r["score"] for r in queued_grades.values()) != [3.0] * STUDENTS  # grades differ
 
     # the killed worker's job was graded again by the other worker, and recorded once
