@@ -1,7 +1,17 @@
-"""A machine whose cores are all busy: processes that spin until the block ends.
+"""A machine whose cores are all busy, for the tests that grade a class again on one.
 
 Grades must not depend on how busy the machine is, so the grading tests grade some classes
-again beside spinning processes (one per core) and compare.
+again on a busy machine and compare. What a busy machine does to a grader is to give it a share
+of the cores instead of all of them: its wall clock runs faster than its own CPU time, by the
+factor its share is short of what it asks for. :func:`every_core_busy` makes that happen in
+one of two ways:
+
+- where the kernel's ``cpu`` controller is at hand (cgroup v1 as root, as on the course's
+  machines and in CI), the test process and every process it has started or starts in the
+  block run in a control group held to :data:`SHARE_OF_CORES` of the machine's cores, as if
+  processes of equal weight kept every core busy beside the grader. Nothing else pays for it:
+  the CPU the grader is refused goes to the rest of the machine's work;
+- elsewhere one process per core spins (pure CPU, never sleeps) for the block's length.
 """
 
 from __future__ import annotations
@@ -9,18 +19,98 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+#: The share of the machine's cores the block's processes get: a half, what a grader with as
+#: many busy processes as there are cores gets when one spinning process per core runs beside it.
+SHARE_OF_CORES = 0.5
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 100_000
+
+
+def _own_cpu_group() -> Path | None:
+    """This process's group in the v1 ``cpu`` controller (``None`` where there is none)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return CPU_V1 / path.lstrip("/")
+    return None
+
+
+@dataclass
+class Busy:
+    """How :func:`every_core_busy` kept the machine busy: ``"quota"`` or ``"spinners"``; with a
+    quota, ``throttled_s`` is, once the block has ended, how long its processes were held back
+    (the kernel's ``throttled_time``), which tells that the block was in fact slowed down."""
+
+    how: str
+    throttled_s: float = 0.0
+
+
+def _move(pids: list[int], group: Path) -> None:
+    for pid in pids:
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+        except (ProcessLookupError, OSError):  # it ended meanwhile
+            continue
 
 
 @contextmanager
-def every_core_busy() -> Iterator[int]:
-    """Run one process per core that spins (pure CPU, never sleeps) for the block's length;
-    yields how many."""
+def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
+    """Run the block with this process and its descendants in a v1 ``cpu`` group whose quota is
+    :data:`SHARE_OF_CORES` of ``cores``; yields ``None`` (and changes nothing) where no such
+    group can be made."""
+    own = _own_cpu_group()
+    if own is None or not (CPU_V1 / "cpu.cfs_quota_us").exists() or not os.access(own, os.W_OK):
+        yield None
+        return
+    group = own / f"chainrule-busy-machine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * cores * SHARE_OF_CORES)))
+    except OSError:
+        if group.is_dir():
+            group.rmdir()
+        yield None
+        return
+    busy = Busy("quota")
+    try:
+        me = psutil.Process()
+        _move([me.pid, *(p.pid for p in me.children(recursive=True))], group)
+        yield busy
+    finally:
+        stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
+        busy.throttled_s = int(stat.get("throttled_time", 0)) / 1e9
+        for _ in range(50):  # what the block started and left running goes back with the test
+            left = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
+            _move(left, own)
+            try:
+                group.rmdir()
+                break
+            except OSError:  # a process forked while it was being moved
+                time.sleep(0.02)
+
+
+@contextmanager
+def every_core_busy() -> Iterator[Busy]:
+    """The block runs as on a machine whose every core is busy with other work; yields how
+    (a :class:`Busy`)."""
     count = os.cpu_count() or 2
+    with _held_to_a_share(count) as held:
+        if held is not None:
+            yield held
+            return
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
-        yield count
+        yield Busy("spinners")
     finally:
         for spinner in spinners:
             spinner.kill()
