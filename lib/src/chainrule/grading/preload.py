@@ -3,7 +3,17 @@
 Importing nbgrader pulls in jupyter_server, nbconvert and SQLAlchemy: seconds of CPU that each
 forked child would otherwise pay again. Nothing here starts a thread, a kernel or an event loop,
 so forking after these imports is safe.
+
+The fork server ends when the grader does, and then skips the interpreter's teardown: with
+torch, nbgrader and SQLAlchemy loaded, tearing them down costs about a second of CPU and keeps
+the grader's output open that long after it has exited. (The children it forks end with
+``os._exit`` already, as multiprocessing ends every forked child.)
 """
+
+import atexit
+import multiprocessing.forkserver
+import os
+import sys
 
 import IPython.core.inputtransformer2  # noqa: E402, F401
 import nbclient  # noqa: F401
@@ -39,3 +49,14 @@ nbformat.validate(_warm)
 MetadataValidator().validate_nb(_warm)
 sqlalchemy.create_engine("sqlite://").dispose()
 del _warm
+
+
+def _exit_without_teardown() -> None:
+    """End the fork server at once (its only exit is its grader's end: nothing to flush)."""
+    os._exit(0)
+
+
+# Only in the fork server itself (``python -c "from multiprocessing.forkserver import main;
+# main(...)"``), never in a process that imports this module for another reason.
+if getattr(sys.modules["__main__"], "main", None) is multiprocessing.forkserver.main:
+    atexit.register(_exit_without_teardown)
