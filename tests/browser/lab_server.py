@@ -154,6 +154,10 @@ class LabServer:
             "--ServerApp.ip=127.0.0.1",
             f"--LabApp.user_settings_dir={settings_dir}",
             f"--LabApp.workspaces_dir={workspaces_dir}",
+            # A kernel asked to shut down is stopped at once instead of after its own exit:
+            # tearing down what a lesson imported (torch, the course library) costs about a
+            # second of CPU per kernel, and nothing here reads what a kernel does on exit.
+            "--KernelManager.shutdown_wait_time=0",
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
