@@ -31,7 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from assignment_fixtures import BY_NAME, COURSE_ID, grade_id, grading_env, is_test
+from assignment_fixtures import (
+    BY_NAME,
+    COURSE_ID,
+    end_without_teardown,
+    grade_id,
+    grading_env,
+    is_test,
+)
 from chainrule.grading.config import load_config
 from chainrule.grading.execute import (
     EarlierProblems,
@@ -142,6 +149,7 @@ _CONFIG: dict[str, Any] = {}  # a course's nbgrader configuration, loaded once
 
 
 def _start_worker() -> None:
+    end_without_teardown()
     os.environ.update(grading_env())
     os.environ["MPLBACKEND"] = "Agg"
     _KERNEL.append(ShellKernel())
