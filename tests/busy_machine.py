@@ -7,10 +7,11 @@ factor its share is short of what it asks for. :func:`every_core_busy` makes tha
 one of two ways:
 
 - where the kernel's ``cpu`` controller is at hand (cgroup v1 as root, as on the course's
-  machines and in CI), the test process and every process it has started or starts in the
-  block run in a control group held to :data:`SHARE_OF_CORES` of the machine's cores, as if
-  processes of equal weight kept every core busy beside the grader. Nothing else pays for it:
-  the CPU the grader is refused goes to the rest of the machine's work;
+  machines and in CI), the test process, what it has started in its session and every
+  process started in the block run in a control group held to :data:`SHARE_OF_CORES` of the
+  machine's cores, as if processes of equal weight kept every core busy beside the grader.
+  Nothing else pays for it: the CPU the grader is refused goes to the rest of the machine's
+  work;
 - elsewhere one process per core spins (pure CPU, never sleeps) for the block's length.
 """
 
@@ -62,6 +63,22 @@ def _move(pids: list[int], group: Path) -> None:
             continue
 
 
+def _this_session() -> list[int]:
+    """This process and its descendants in its session: what it started itself (a fork server
+    of the grader's), not the services it runs in sessions of their own (a JupyterLab, a hub),
+    whose work is not the block's."""
+    me = psutil.Process()
+    session = os.getsid(0)
+    found = [me.pid]
+    for child in me.children(recursive=True):
+        try:
+            if os.getsid(child.pid) == session:
+                found.append(child.pid)
+        except ProcessLookupError:
+            continue
+    return found
+
+
 @contextmanager
 def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
     """Run the block with this process and its descendants in a v1 ``cpu`` group whose quota is
@@ -83,8 +100,7 @@ def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
         return
     busy = Busy("quota")
     try:
-        me = psutil.Process()
-        _move([me.pid, *(p.pid for p in me.children(recursive=True))], group)
+        _move(_this_session(), group)
         yield busy
     finally:
         stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
