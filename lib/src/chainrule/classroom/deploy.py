@@ -298,8 +298,12 @@ def setup_class(
 
 
 def teardown_class(settings: ClassSettings) -> None:
-    """Remove the class's accounts, groups and folder (tests; a class that ends)."""
+    """Remove the class's accounts, groups and folder (tests; a class that ends). What a hub
+    left running under the accounts is stopped first (:func:`stop_leftovers`): a hub stopped
+    with SIGKILL, after its formgrader took too long to end, never stops its servers, and an
+    account that runs a process cannot be removed."""
     roster = Roster.read(settings.root / "roster.json")
+    stop_leftovers(settings, roster)
     for login in [*roster.instructors, *roster.students, settings.grader_account]:
         accounts.remove_account(login)
     for group in (settings.formgrade_group, settings.students_group):
