@@ -21,11 +21,16 @@ students' grades differ.
   with identical grades; ``grading.class``: the 2-worker batch's time per student times 1,000.
 - ``grading.sandbox``: the sequential batch with every kernel in bubblewrap against the same
   batch with ``--no-sandbox``, with identical grades.
+
+Beside the batches, :func:`two_process_throughput` measures the machine's own ceiling for any
+2-worker speedup: how much more pure-Python CPU work two processes do at once than one, just
+before the sequential batch and just after the 2-worker one.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import shutil
 import subprocess
 import sys
@@ -302,6 +307,40 @@ def measure_parts(tmp: Path, assignment: str, notebooks: Sequence[str] | None = 
     )
 
 
+def _spin(n: int, ready: Any, start: Any, out: Any) -> None:
+    ready.put(True)
+    start.wait()
+    began, total = time.perf_counter(), 0
+    for i in range(n):
+        total += i * i
+    out.put(time.perf_counter() - began)
+
+
+def two_process_throughput(n: int = 6_000_000) -> float:
+    """How many times one process's pure-Python CPU work two processes do at once here: 2.0 on
+    two free cores, less where the two CPUs are hyperthreads of one core, or where the host or
+    other work takes its share. No 2-worker batch beside it can speed up more."""
+    context = multiprocessing.get_context("spawn")
+
+    def seconds_each(count: int) -> list[float]:
+        ready, start, out = context.Queue(), context.Event(), context.Queue()
+        processes = [
+            context.Process(target=_spin, args=(n, ready, start, out)) for _ in range(count)
+        ]
+        for process in processes:
+            process.start()
+        for _ in processes:
+            ready.get(timeout=60)
+        start.set()
+        times = [out.get(timeout=600) for _ in processes]
+        for process in processes:
+            process.join()
+        return times
+
+    one = seconds_each(1)[0]
+    return 2 * one / max(seconds_each(2))
+
+
 def class_terms(batch_s: float, out: Path, workers: int) -> tuple[float, float]:
     """A batch's time as ``(per student, once per batch)``: the students' own wall times,
     ``workers`` at a time, and the rest (the batch command's start, its fork server, the
@@ -335,6 +374,7 @@ def measure(
         template = prepare_course(Path(tmp) / "template", notebooks)
         write_submissions(template, count)
         batches = []
+        ceiling_before = two_process_throughput()
         kinds = [(1, True), *([(1, False)] if sandboxed else []), (2, True)]
         seconds = {}
         for workers, isolate in kinds:
@@ -343,6 +383,7 @@ def measure(
             elapsed, grades = grade_batch(copy, workers, sandbox=isolate)
             seconds[(workers, isolate)] = elapsed
             batches.append((f"{workers} worker(s), sandbox {isolate}", copy, grades))
+        ceiling_after = two_process_throughput()
         differences = [d for other in batches[1:] for d in grade_differences(batches[0], other)]
         per_student, once = class_terms(
             seconds[(2, True)], batches[-1][1] / "grades" / "workers-2", 2
@@ -380,6 +421,8 @@ def measure(
             all_graded=all(all_graded(grades) for _, _, grades in batches),
             distinct_grades=distinct_grades(batches[0][2]),
             submissions=count,
+            machine_two_processes_before=ceiling_before,
+            machine_two_processes_after=ceiling_after,
             **noted,
         )
     )

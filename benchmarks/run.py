@@ -143,7 +143,11 @@ FAMILIES: tuple[Family, ...] = (
         "(3 with `--quick`) with different answers, sequential, then the same sequential "
         "batch with `--no-sandbox` (the sandbox row), then with 2 workers, each on its own copy; "
         "*identical grades*: every student's per-notebook statuses and scores agree between the "
-        "three. *class*: the 2-worker batch's time per student, times 1,000.",
+        "three. *machine two processes* (before the sequential batch, after the 2-worker one): "
+        "how much more pure-Python CPU work two processes do at once than one on this machine, "
+        "the ceiling of any 2-worker speedup beside it (2 on two free cores; less where they "
+        "are hyperthreads of one core or the host takes its share). *class*: the 2-worker "
+        "batch's time per student, times 1,000.",
     ),
     Family(
         "queue",

@@ -241,6 +241,7 @@ def test_grading_parts_and_batches_run_on_their_smallest_size():
     extra = rows[2]["extra"]
     assert extra["identical_grades"] is True and extra["all_graded"] is True
     assert extra["distinct_grades"] == 2  # the second student left a cell unanswered
+    assert {"machine_two_processes_before", "machine_two_processes_after"} <= extra.keys()
     projected = rows[3]["extra"]
     once, per_student = projected["once_per_batch_s"], projected["per_student_2_workers_s"]
     assert rows[3]["seconds"] == pytest.approx(once + 1000 * per_student)
