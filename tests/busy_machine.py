@@ -59,7 +59,7 @@ def _move(pids: list[int], group: Path) -> None:
     for pid in pids:
         try:
             (group / "cgroup.procs").write_text(str(pid))
-        except (ProcessLookupError, OSError):  # it ended meanwhile
+        except OSError:  # it ended meanwhile (ESRCH)
             continue
 
 
@@ -81,9 +81,9 @@ def _this_session() -> list[int]:
 
 @contextmanager
 def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
-    """Run the block with this process and its descendants in a v1 ``cpu`` group whose quota is
-    :data:`SHARE_OF_CORES` of ``cores``; yields ``None`` (and changes nothing) where no such
-    group can be made."""
+    """Run the block with this process and its session (:func:`_this_session`) in a v1 ``cpu``
+    group whose quota is :data:`SHARE_OF_CORES` of ``cores``; yields ``None`` (and changes
+    nothing) where no such group can be made."""
     own = _own_cpu_group()
     if own is None or not (CPU_V1 / "cpu.cfs_quota_us").exists() or not os.access(own, os.W_OK):
         yield None
