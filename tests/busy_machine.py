@@ -24,7 +24,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -43,16 +42,6 @@ def _own_cpu_group() -> Path | None:
         if "cpu" in controllers.split(","):
             return CPU_V1 / path.lstrip("/")
     return None
-
-
-@dataclass
-class Busy:
-    """How :func:`every_core_busy` kept the machine busy: ``"quota"`` or ``"spinners"``; with a
-    quota, ``throttled_s`` is, once the block has ended, how long its processes were held back
-    (the kernel's ``throttled_time``), which tells that the block was in fact slowed down."""
-
-    how: str
-    throttled_s: float = 0.0
 
 
 def _move(pids: list[int], group: Path) -> None:
@@ -80,13 +69,13 @@ def _this_session() -> list[int]:
 
 
 @contextmanager
-def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
+def _held_to_a_share(cores: int) -> Iterator[bool]:
     """Run the block with this process and its session (:func:`_this_session`) in a v1 ``cpu``
-    group whose quota is :data:`SHARE_OF_CORES` of ``cores``; yields ``None`` (and changes
+    group whose quota is :data:`SHARE_OF_CORES` of ``cores``; yields ``False`` (and changes
     nothing) where no such group can be made."""
     own = _own_cpu_group()
     if own is None or not (CPU_V1 / "cpu.cfs_quota_us").exists() or not os.access(own, os.W_OK):
-        yield None
+        yield False
         return
     group = own / f"chainrule-busy-machine-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -96,15 +85,12 @@ def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
     except OSError:
         if group.is_dir():
             group.rmdir()
-        yield None
+        yield False
         return
-    busy = Busy("quota")
     try:
         _move(_this_session(), group)
-        yield busy
+        yield True
     finally:
-        stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
-        busy.throttled_s = int(stat.get("throttled_time", 0)) / 1e9
         for _ in range(50):  # what the block started and left running goes back with the test
             left = [int(pid) for pid in (group / "cgroup.procs").read_text().split()]
             _move(left, own)
@@ -116,17 +102,17 @@ def _held_to_a_share(cores: int) -> Iterator[Busy | None]:
 
 
 @contextmanager
-def every_core_busy() -> Iterator[Busy]:
-    """The block runs as on a machine whose every core is busy with other work; yields how
-    (a :class:`Busy`)."""
+def every_core_busy() -> Iterator[str]:
+    """The block runs as on a machine whose every core is busy with other work; yields how:
+    ``"quota"`` or ``"spinners"``."""
     count = os.cpu_count() or 2
     with _held_to_a_share(count) as held:
-        if held is not None:
-            yield held
+        if held:
+            yield "quota"
             return
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
-        yield Busy("spinners")
+        yield "spinners"
     finally:
         for spinner in spinners:
             spinner.kill()
