@@ -27,21 +27,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+from chainrule.grading.cgroup import own_v1_group
 
 #: The share of the machine's cores the block's processes get: a half, what a grader with as
 #: many busy processes as there are cores gets when one spinning process per core runs beside it.
 SHARE_OF_CORES = 0.5
-CPU_V1 = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
-
-
-def _own_cpu_group() -> Path | None:
-    """This process's group in the v1 ``cpu`` controller (``None`` where there is none)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            return CPU_V1 / path.lstrip("/")
-    return None
 
 
 def _move(pids: list[int], group: Path) -> None:
@@ -73,8 +64,8 @@ def _held_to_a_share(cores: int) -> Iterator[bool]:
     """Run the block with this process and its session (:func:`_this_session`) in a v1 ``cpu``
     group whose quota is :data:`SHARE_OF_CORES` of ``cores``; yields ``False`` (and changes
     nothing) where no such group can be made."""
-    own = _own_cpu_group()
-    if own is None or not (CPU_V1 / "cpu.cfs_quota_us").exists() or not os.access(own, os.W_OK):
+    own = own_v1_group("cpu")
+    if not (own / "cpu.cfs_quota_us").exists() or not os.access(own, os.W_OK):
         yield False
         return
     group = own / f"chainrule-busy-machine-{os.getpid()}-{uuid.uuid4().hex[:8]}"

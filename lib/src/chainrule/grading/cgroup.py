@@ -39,7 +39,7 @@ def _writable(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK)
 
 
-def _own_v1_group(controller: str) -> Path:
+def own_v1_group(controller: str) -> Path:
     """This process's group in a v1 controller (groups are made under it, so that a grader
     inside a container's group stays inside it)."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -160,7 +160,7 @@ def _parents() -> list[Path]:
     if (ROOT / "cgroup.controllers").exists():
         own = Path("/proc/self/cgroup").read_text().split("::", 1)[-1].strip()
         return [ROOT / Path(own).relative_to("/")]
-    return [_own_v1_group(c) for c in ("memory", "pids", "cpuacct")]
+    return [own_v1_group(c) for c in ("memory", "pids", "cpuacct")]
 
 
 def existing(label: str = "") -> list[Path]:
