@@ -6,6 +6,8 @@
 - ``chromium`` (session): Debian's ``/usr/bin/chromium`` driven by Playwright. Without it the
   tests are skipped, except in CI (``CI`` set), where that is a failure.
 - ``lab`` (per test): a new page, on a fresh JupyterLab workspace, wrapped in ``LabPage``.
+- ``kept_lab`` (per test): one page kept from test to test, as a student keeps JupyterLab open
+  and opens one lesson after another; a test that fails leaves it closed for the next one.
 - ``released_assignment`` (session): the instructor's ``nbgrader generate_assignment`` and
   ``release_assignment`` of ``check_yourself`` in the course copy. Tests that must see the
   course before any release set ``RUNS_BEFORE_RELEASE = True`` in their module and run first.
@@ -25,7 +27,7 @@ from pathlib import Path
 import pytest
 from lab_page import LabPage
 from lab_server import LabServer
-from playwright.sync_api import BrowserContext, Playwright
+from playwright.sync_api import BrowserContext, Page, Playwright
 
 REPO = Path(__file__).resolve().parents[2]
 # The course that is copied and served; another checkout can be named for trying the harness.
@@ -126,6 +128,47 @@ def lab(
 
 
 @pytest.fixture(scope="session")
+def kept_page(chromium: BrowserContext) -> Iterator[list[Page]]:
+    """The page of ``kept_lab`` while it is kept (an empty list until the first test opens it
+    and after a failed test closed it)."""
+    pages: list[Page] = []
+    try:
+        yield pages
+    finally:
+        for page in pages:
+            page.close()
+
+
+@pytest.fixture
+def kept_lab(
+    kept_page: list[Page],
+    chromium: BrowserContext,
+    lab_server: LabServer,
+    artifacts: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[LabPage]:
+    """Like ``lab``, but on a page kept from test to test: a test opens its notebook in the
+    JupyterLab the page already shows (File ▸ Open from Path…, see ``LabPage.open_notebook``),
+    and afterwards every tab is closed and every kernel ended. Loading JupyterLab costs a few
+    seconds of CPU that the lessons' tests then pay once. After a failed test, or tabs that do
+    not close, the page is closed, and the next test starts on a fresh one."""
+    if not kept_page:
+        kept_page.append(chromium.new_page())
+    lab_page = LabPage(kept_page[0], lab_server, artifacts, request.node.name, keeps_lab=True)
+    request.node.lab_page = lab_page
+    try:
+        yield lab_page
+    finally:
+        try:
+            if getattr(request.node, "failed_in_browser", False):
+                raise RuntimeError("the test failed: start the next one on a fresh page")
+            lab_page.close_all_tabs()
+        except Exception:  # noqa: BLE001 - any trouble here only costs the next test a page load
+            kept_page.pop().close()
+        lab_server.shutdown_kernels()
+
+
+@pytest.fixture(scope="session")
 def assignment() -> str:
     """The nbgrader assignment of the course."""
     return ASSIGNMENT
@@ -166,6 +209,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     """On a failing test, save a screenshot of its page as ``<test>__FAILED.png``."""
     outcome = yield
     report = outcome.get_result()
+    if report.failed:
+        item.failed_in_browser = True  # type: ignore[attr-defined]
     lab_page = getattr(item, "lab_page", None)
     if report.failed and report.when in ("setup", "call") and lab_page is not None:
         path = lab_page.artifacts / f"{lab_page.test_name}__FAILED.png"

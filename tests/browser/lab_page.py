@@ -1,8 +1,9 @@
 """What a person does in JupyterLab, as Playwright steps that wait on JupyterLab's own state.
 
-``LabPage`` wraps one browser page on one ``LabServer``: open a file, wait for the notebook's
-kernel to be idle (the status-bar kernel item, which reads "<kernel> | Idle" only once the
-kernel is connected), run all cells from the Run menu, read error outputs, save, move a
+``LabPage`` wraps one browser page on one ``LabServer``: open a file (in a fresh workspace, or
+with File ▸ Open from Path… in the JupyterLab the page already shows), close every tab, wait for
+the notebook's kernel to be idle (the status-bar kernel item, which reads "<kernel> | Idle" only
+once the kernel is connected), run all cells from the Run menu, read error outputs, save, move a
 slider, press nbgrader's Validate button and read the dialog, open the nbgrader menu's panels.
 Nothing here sleeps for a fixed time: every wait is on something JupyterLab shows.
 """
@@ -55,8 +56,16 @@ _ERROR_LINE = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Interrupt|Exit)\b.*",
 class LabPage:
     """One Playwright page on a running JupyterLab, with screenshots kept as a record."""
 
-    def __init__(self, page: Page, server: LabServer, artifacts: Path, test_name: str) -> None:
+    def __init__(
+        self,
+        page: Page,
+        server: LabServer,
+        artifacts: Path,
+        test_name: str,
+        keeps_lab: bool = False,
+    ) -> None:
         self.page = page
+        self.keeps_lab = keeps_lab
         self.server = server
         self.artifacts = artifacts
         self.test_name = re.sub(r"[^\w.-]+", "_", test_name)
@@ -82,13 +91,51 @@ class LabPage:
 
     # -- notebooks ---------------------------------------------------------------------------
 
+    def shows_lab(self) -> bool:
+        """Whether the page shows this server's JupyterLab, its menu bar loaded."""
+        return self.page.url.startswith(self.server.base_url + "/lab") and (
+            self.page.locator("#jp-menu-panel .lm-MenuBar-itemLabel").count() > 0
+        )
+
     def open_notebook(self, path: str) -> Locator:
-        """Open the notebook at ``path`` and wait until its kernel is connected and idle."""
-        self.goto(path)
+        """Open the notebook at ``path`` and wait until its kernel is connected and idle.
+
+        The page loads JupyterLab afresh, on a fresh workspace; but a page kept from test to
+        test (``keeps_lab``) that already shows JupyterLab opens it as a person opens another
+        notebook, with File ▸ Open from Path… (loading JupyterLab costs seconds of CPU).
+        """
+        if self.keeps_lab and self.shows_lab():
+            self.click_menu("File", "filebrowser:open-path")
+            dialog = self.page.locator(".jp-Dialog")
+            dialog.locator("input").fill(path)
+            dialog.locator("input").press("Enter")
+            dialog.wait_for(state="detached")
+            self.page.locator(
+                "#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel",
+                has_text=re.compile(f"^{re.escape(Path(path).name)}$"),
+            ).wait_for()
+        else:
+            self.goto(path)
         notebook = self.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")
         notebook.wait_for()
         self.wait_for_kernel_idle(Path(path).name)
         return notebook
+
+    def close_all_tabs(self) -> None:
+        """File ▸ Close All Tabs, discarding unsaved changes; wait until no document is open."""
+        self.click_menu("File", "application:close-all")
+        discard = self.page.locator(".jp-Dialog button.jp-Dialog-button", has_text="Discard")
+        closed_or_asking = """() =>
+            !document.querySelector('#jp-main-dock-panel .jp-Document')
+            || [...document.querySelectorAll('.jp-Dialog button')]
+                   .some(b => b.textContent.trim() === 'Discard')"""
+        while True:
+            self.page.wait_for_function(closed_or_asking, polling=POLL_MS)
+            if not discard.count():
+                return
+            button = discard.first.element_handle()
+            button.click()
+            button.wait_for_element_state("hidden")
 
     def kernel_status_item(self, notebook_name: str) -> Locator:
         """The status bar's kernel item of the notebook called ``notebook_name``."""

@@ -99,6 +99,13 @@ def move_to_ends(lab: LabPage, widget: Locator, lesson: str, index: int) -> int:
     return moves
 
 
+@pytest.fixture
+def lab(kept_lab: LabPage) -> LabPage:
+    """The lessons' tests share one JupyterLab page, as a student opens one lesson after
+    another in the JupyterLab they keep open."""
+    return kept_lab
+
+
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_lesson_runs_clean_and_its_widgets_work_at_every_end(
     lab: LabPage, lab_server: LabServer, lesson: str

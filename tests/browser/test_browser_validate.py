@@ -27,6 +27,12 @@ EXERCISE = "ex1_equal_shards.ipynb"
 SOLUTION_CELL = "mean_allreduce_scale"
 
 
+@pytest.fixture
+def lab(kept_lab: LabPage) -> LabPage:
+    """One JupyterLab page for these tests, as a student keeps JupyterLab open."""
+    return kept_lab
+
+
 @pytest.fixture(scope="module")
 def student_folders(lab_server: LabServer, assignment: str) -> dict[str, str]:
     """``blank`` and ``solved`` copies of the assignment, as paths relative to the server root."""
