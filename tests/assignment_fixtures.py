@@ -316,7 +316,8 @@ def _warm_kernels():
         (base / "files").mkdir()
         sandbox = StudentSandbox(base / "zygote", base / "files", None, isolate=False)
         sandbox.start(log=None)
-        atexit.register(sandbox.stop)
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
+        atexit.register(sandbox.stop)  # registered last, run first
         _WARM.append(sandbox)
     return _WARM[0]
 

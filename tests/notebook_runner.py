@@ -1,22 +1,32 @@
 """Run a lesson notebook headless, the way a student's "Run All" would, and read values back.
 
-``execute(path, fetch=["table", "weights"])`` executes every cell in a fresh kernel started in
-the notebook's folder, fails on the first error output, then evaluates each name in ``fetch``
-in that kernel and returns the values (anything JSON can carry; numpy arrays become lists).
-The kernel is stopped before it returns (at once: an orderly exit would spend about a second
-of CPU tearing down what the lesson imported), and the worker pools it started end with it.
+``execute(path, fetch=["table", "weights"])`` executes every cell in a fresh kernel whose home
+is a fresh copy of the notebook's folder, fails on the first error output, then evaluates each
+name in ``fetch`` in that kernel and returns the values (anything JSON can carry; numpy arrays
+become lists).
+
+The kernel is an ipykernel forked by a zygote of this process (the grader's
+:class:`chainrule.grading.sandbox.StudentSandbox`, without the sandbox), which imported numpy,
+torch and the course library once, and the launchers of the worker pools a lesson starts are
+forked there too: each lesson then costs its own code, not an interpreter's start and an
+import of torch for its kernel and another for its pool (``test_grading_validate`` checks that
+such kernels give the verdicts of fresh ones, and the browser tests run every lesson in a
+fresh kernel of JupyterLab's). When the notebook has run, every process the zygote forked for
+it is ended, the kernel and its pools included; the zygote ends with this process.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import json
-import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import nbformat
-from jupyter_client.manager import AsyncKernelManager
+from chainrule.grading.sandbox import SandboxedKernelManager, StudentSandbox
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +73,26 @@ def error_outputs(nb: nbformat.NotebookNode) -> list[str]:
     return errors
 
 
+_ZYGOTE: list[StudentSandbox] = []  # this process's, once started
+_RUNS = itertools.count()
+
+
+def warm_kernels() -> StudentSandbox:
+    """The zygote that forks this process's lesson kernels, started on first use (unconfined:
+    no sandbox, no limits) and stopped when the process ends. Python's hash seed is fixed, as
+    in every kernel of these tests."""
+    if not _ZYGOTE:
+        base = Path(tempfile.mkdtemp(prefix="lessons-"))
+        (base / "files").mkdir()
+        seed = {"PYTHONHASHSEED": "0"}
+        zygote = StudentSandbox(base / "zygote", base / "files", None, False, environment=seed)
+        zygote.start(log=None)
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
+        atexit.register(zygote.stop)  # registered last, run first
+        _ZYGOTE.append(zygote)
+    return _ZYGOTE[0]
+
+
 def execute(
     path: str | Path, fetch: list[str] | tuple[str, ...] = (), timeout: int = 120
 ) -> tuple[nbformat.NotebookNode, dict[str, Any]]:
@@ -72,25 +102,17 @@ def execute(
     if fetch:
         code = _FETCH_CODE % (_FETCH_PREFIX, list(fetch))
         nb.cells.append(nbformat.v4.new_code_cell(code))
-    env = dict(os.environ, MPLBACKEND="Agg", PYTHONHASHSEED="0")
-    # The kernel talks over Unix sockets: a TCP port that jupyter_client found free can be
-    # taken by another process (a gloo store, another kernel) before the kernel binds it.
-    with tempfile.TemporaryDirectory(prefix="kernel-") as sockets:
-        manager = AsyncKernelManager(
-            kernel_name="python3",
-            transport="ipc",
-            connection_file=str(Path(sockets) / "kernel.json"),
-            ip=str(Path(sockets) / "kernel"),
-        )
-        client = NotebookClient(
-            nb,
-            km=manager,
-            timeout=timeout,
-            resources={"metadata": {"path": str(path.parent)}},
-            shutdown_kernel="immediate",
-        )
-        # nbclient shuts down only kernels it started itself, not one given as ``km``.
-        client.execute(env=env, cleanup_kc=True)
+    zygote = warm_kernels()
+    zygote.files = path.parent  # the kernel's home: a fresh copy of the notebook's folder
+    name = f"run-{next(_RUNS)}"
+    forked = SandboxedKernelManager.forking_in(zygote, name)
+    client = NotebookClient(nb, km=forked(kernel_name="python3"), timeout=timeout)
+    try:
+        client.execute(cleanup_kc=True)
+    finally:  # the kernel, the pools it started, anything its code left running; its files
+        zygote.reset()
+        for folder in (zygote.homes / name, zygote.sockets / name):
+            shutil.rmtree(folder, ignore_errors=True)
     values: dict[str, Any] = {}
     if fetch:
         for output in nb.cells[-1].get("outputs", []):

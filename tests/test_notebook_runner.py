@@ -16,7 +16,9 @@ from chainrule import dist
 from chainrule.dist import pool
 assert dist.run(dist.rank, 2, backend="gloo") == [0, 1]
 kernel, folder = os.getpid(), pool._pools["gloo", 2].folder
-workers = [p.pid for p in __import__("psutil").Process().children(recursive=True)]
+# The runner's zygote forked this kernel and the pool's launcher, which forked the ranks.
+forked = __import__("psutil").Process(os.getppid()).children(recursive=True)
+workers = [p.pid for p in forked if p.pid != kernel]
 """
 
 
